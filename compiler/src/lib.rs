@@ -1,0 +1,1 @@
+//! MLIR compiler (being written).

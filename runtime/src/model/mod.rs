@@ -1,0 +1,1 @@
+//! Model front end (being written).

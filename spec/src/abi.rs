@@ -1,0 +1,48 @@
+//! The contract between a compiled library and the runtime, defined once.
+//!
+//! Every kernel symbol (see [`crate::kernel::Kernel::symbol`]) has the same C signature:
+//!
+//! ```text
+//! void kernel(ptr a0, ptr a1, ..., ptr a7, i64 rows, i64 pos, i64 thread_id, i64 n_threads)
+//! ```
+//!
+//! * `a0..a7` are raw pointers to the first element of each buffer (MLIR's bare-pointer memref
+//!   convention: every buffer has a static shape baked into the kernel, so a pointer is enough).
+//!   Each kernel documents the meaning and order of its arguments; unused slots are null.
+//! * `rows` is the number of valid rows in the activation buffers (`1..=max_rows`), `pos` the
+//!   absolute position of row 0 (the number of tokens already in the KV cache).
+//! * `thread_id` / `n_threads`: every thread of the pool calls the kernel with the same
+//!   arguments; the kernel does its `thread_id`-th share of the work and returns. No kernel
+//!   synchronises; the runtime places barriers between dependent calls.
+//! * Activations, the KV cache and accumulators are f32; weights are read as stored.
+//!
+//! The library also exports `uint32 kiln_abi_version(void)` returning [`ABI_VERSION`], checked
+//! when it is loaded. Any change to the above bumps the version, which enters the cache key.
+
+/// Version of the calling convention and buffer layout described above.
+pub const ABI_VERSION: u32 = 1;
+
+/// Pointer argument slots every kernel takes.
+pub const PTR_ARGS: usize = 8;
+
+/// Name of the exported function returning [`ABI_VERSION`].
+pub const ABI_VERSION_SYMBOL: &str = "kiln_abi_version";
+
+/// The Rust type of every kernel symbol.
+pub type KernelFn = unsafe extern "C" fn(
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    i64,
+    i64,
+    i64,
+    i64,
+);
+
+/// The Rust type of [`ABI_VERSION_SYMBOL`].
+pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
