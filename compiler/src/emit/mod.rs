@@ -1,0 +1,194 @@
+//! Emitters: one per kernel family. An emitter does not compute; it writes the MLIR that will
+//! compute one [`Kernel`] for one exact shape, with every dimension a constant.
+//!
+//! Each kernel becomes its own module holding one public `func.func` with the ABI signature of
+//! [`kiln_spec::abi`]: eight statically shaped memrefs (lowered to bare pointers) followed by
+//! `rows`, `pos`, `thread_id` and `n_threads` as i64.
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod norm;
+mod rope;
+
+use crate::ir::{Cmp, Kb, build_func};
+use kiln_spec::{CompileOptions, DType, Kernel, abi};
+use melior::{
+    Context,
+    ir::{
+        Attribute, BlockLike, Identifier, Location, Module, Type, Value, attribute::TypeAttribute,
+        operation::OperationBuilder,
+    },
+};
+
+/// Run-time scalars every kernel receives, already converted to `index`.
+#[derive(Clone, Copy)]
+pub struct Dyn<'c, 'a> {
+    pub rows: Value<'c, 'a>,
+    pub pos: Value<'c, 'a>,
+    pub tid: Value<'c, 'a>,
+    pub nth: Value<'c, 'a>,
+}
+
+/// The MLIR memref type of one kernel argument.
+pub fn memref(shape: &[usize], elem: &str) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("memref<{}x{elem}>", dims.join("x"))
+}
+
+/// Element type name of weights of a storage type.
+pub fn elem(dtype: DType) -> &'static str {
+    dtype.name()
+}
+
+/// Builds the module for one kernel.
+pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions) -> Module<'c> {
+    let loc = Location::unknown(ctx);
+    let module = Module::new(loc);
+    let mut arg_types: Vec<String> = arg_types(kernel);
+    assert!(arg_types.len() <= abi::PTR_ARGS);
+    arg_types.resize(abi::PTR_ARGS, "memref<1xi8>".to_string());
+    arg_types.extend(std::iter::repeat_n("i64".to_string(), 4));
+    let types: Vec<Type> = arg_types
+        .iter()
+        .map(|t| Type::parse(ctx, t).unwrap_or_else(|| panic!("invalid type {t}")))
+        .collect();
+    // Constant tables the kernel needs live in the same module as private globals.
+    if let Kernel::RopeKv { inv_freq, .. } = kernel {
+        module.body().append_operation(constant_table(ctx, rope::INV_FREQ, inv_freq));
+    }
+    let func = build_func(ctx, &kernel.symbol(), &types, true, |b, args| {
+        let index = b.index_ty();
+        let d = Dyn {
+            rows: b.index_cast(args[abi::PTR_ARGS], index),
+            pos: b.index_cast(args[abi::PTR_ARGS + 1], index),
+            tid: b.index_cast(args[abi::PTR_ARGS + 2], index),
+            nth: b.index_cast(args[abi::PTR_ARGS + 3], index),
+        };
+        let p = &args[..abi::PTR_ARGS];
+        let lanes = opts.f32_lanes;
+        match kernel {
+            Kernel::Embed { .. } => elementwise::emit_embed(b, kernel, p, d, lanes),
+            Kernel::RmsNorm { .. } => norm::emit_rmsnorm(b, kernel, p, d, lanes),
+            Kernel::MatMul { .. } => matmul::emit_matmul(b, kernel, p, d, lanes),
+            Kernel::RopeKv { .. } => rope::emit_rope_kv(b, kernel, p, d, lanes),
+            Kernel::Attention { .. } => attention::emit_attention(b, kernel, p, d, lanes),
+            Kernel::SiluMul { .. } => elementwise::emit_silu_mul(b, kernel, p, d, lanes),
+        }
+    });
+    module.body().append_operation(func);
+    module
+}
+
+/// The module exporting `kiln_abi_version`, checked by the runtime when it loads a library.
+pub fn emit_abi_module(ctx: &Context) -> Module<'_> {
+    let loc = Location::unknown(ctx);
+    let module = Module::new(loc);
+    let fty = Type::parse(ctx, "() -> i32").expect("type");
+    let block = melior::ir::Block::new(&[]);
+    {
+        let b = Kb { ctx, loc, blk: &block };
+        let v = b.i32c(abi::ABI_VERSION as i32);
+        b.op("func.return", &[v], &[], &[]);
+    }
+    let region = melior::ir::Region::new();
+    melior::ir::RegionLike::append_block(&region, block);
+    let func = OperationBuilder::new("func.func", loc)
+        .add_attributes(&[
+            (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{}\"", abi::ABI_VERSION_SYMBOL)).expect("name")),
+            (Identifier::new(ctx, "function_type"), TypeAttribute::new(fty).into()),
+        ])
+        .add_regions([region])
+        .build()
+        .expect("valid func");
+    module.body().append_operation(func);
+    module
+}
+
+/// The memref types of a kernel's pointer arguments, in ABI order.
+fn arg_types(kernel: &Kernel) -> Vec<String> {
+    match kernel {
+        Kernel::Embed { vocab, hidden, dtype, max_rows } => vec![
+            memref(&[*max_rows], "i32"),
+            memref(&[*vocab, *hidden], elem(*dtype)),
+            memref(&[*max_rows, *hidden], "f32"),
+        ],
+        Kernel::RmsNorm { dim, wdtype, max_rows, .. } => vec![
+            memref(&[*max_rows, *dim], "f32"),
+            memref(&[*dim], elem(*wdtype)),
+            memref(&[*max_rows, *dim], "f32"),
+        ],
+        Kernel::MatMul { n, k, wdtype, bias, max_rows, .. } => {
+            let mut v = vec![
+                memref(&[*max_rows, *k], "f32"),
+                memref(&[*n, *k], elem(*wdtype)),
+                memref(&[*max_rows, *n], "f32"),
+            ];
+            if let Some(b) = bias {
+                v.push(memref(&[*n], elem(*b)));
+            }
+            v
+        }
+        Kernel::RopeKv { heads, kv_heads, head_dim, qk_norm, ctx, max_rows, .. } => {
+            let mut v = vec![
+                memref(&[*max_rows, heads * head_dim], "f32"),
+                memref(&[*max_rows, kv_heads * head_dim], "f32"),
+                memref(&[*max_rows, kv_heads * head_dim], "f32"),
+                memref(&[*ctx, kv_heads * head_dim], "f32"),
+                memref(&[*ctx, kv_heads * head_dim], "f32"),
+            ];
+            if let Some(n) = qk_norm {
+                v.push(memref(&[*head_dim], elem(n.q_dtype)));
+                v.push(memref(&[*head_dim], elem(n.k_dtype)));
+            }
+            v
+        }
+        Kernel::Attention { heads, kv_heads, head_dim, ctx, max_rows, .. } => vec![
+            memref(&[*max_rows, heads * head_dim], "f32"),
+            memref(&[*ctx, kv_heads * head_dim], "f32"),
+            memref(&[*ctx, kv_heads * head_dim], "f32"),
+            memref(&[*max_rows, heads * head_dim], "f32"),
+        ],
+        // Flat views: the elementwise kernel walks rows * dim contiguous values.
+        Kernel::SiluMul { dim, max_rows } => vec![memref(&[max_rows * dim], "f32"), memref(&[max_rows * dim], "f32")],
+    }
+}
+
+/// A private constant f32 table `@name` (values given by their bits, stored exactly).
+fn constant_table<'c>(ctx: &'c Context, name: &str, bits: &[u32]) -> melior::ir::Operation<'c> {
+    let hex: String = bits.iter().flat_map(|b| b.to_le_bytes()).map(|b| format!("{b:02X}")).collect();
+    let n = bits.len();
+    let value = Attribute::parse(ctx, &format!("dense<\"0x{hex}\"> : tensor<{n}xf32>")).expect("dense table");
+    let ty = Type::parse(ctx, &format!("memref<{n}xf32>")).expect("table type");
+    OperationBuilder::new("memref.global", Location::unknown(ctx))
+        .add_attributes(&[
+            (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{name}\"")).expect("name")),
+            (Identifier::new(ctx, "sym_visibility"), Attribute::parse(ctx, "\"private\"").expect("vis")),
+            (Identifier::new(ctx, "type"), TypeAttribute::new(ty).into()),
+            (Identifier::new(ctx, "initial_value"), value),
+            (Identifier::new(ctx, "constant"), Attribute::unit(ctx)),
+        ])
+        .build()
+        .expect("valid memref.global")
+}
+
+/// This thread's share `[start, end)` of `total` work items, in chunks that are multiples of
+/// `align` (so only the last thread meets a remainder).
+pub fn thread_range<'c, 'a>(b: Kb<'c, 'a>, total: Value<'c, '_>, d: Dyn<'c, '_>, align: usize) -> (Value<'c, 'a>, Value<'c, 'a>) {
+    let per = b.ceildivui(total, d.nth);
+    let chunk = if align > 1 {
+        let a = b.idx(align);
+        b.muli(b.ceildivui(per, a), a)
+    } else {
+        per
+    };
+    let start = b.minui(b.muli(d.tid, chunk), total);
+    let end = b.minui(b.addi(start, chunk), total);
+    (start, end)
+}
+
+/// `max(a, b)` for indices known to be non-negative.
+pub fn max_index<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, '_>, y: Value<'c, '_>) -> Value<'c, 'a> {
+    let c = b.cmpi(Cmp::Ugt, x, y);
+    b.select(c, x, y)
+}

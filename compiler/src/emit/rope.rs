@@ -1,0 +1,90 @@
+//! Per-row position work between the projections and attention: optional per-head RMSNorm of
+//! q and k (Qwen3), rotary embedding of q and k in place, and the write of k and v into the KV
+//! cache at the row's absolute position.
+//!
+//! The rotation follows Hugging Face's rotate-half convention: element `i` pairs with
+//! `i + head_dim/2`, angle `pos * inv_freq[i]` formed in f32 like the reference, and
+//! `out = x * cos + rotate_half(x) * sin` evaluated with the same operations (no fused multiply-
+//! add), so positions match the reference to rounding of `cos`/`sin`.
+
+use super::norm::{inv_rms, scale_row};
+use super::{Dyn, thread_range};
+use crate::ir::{Cmp, Kb, lanes_for};
+use kiln_spec::{DType, Kernel};
+use melior::ir::Value;
+
+/// Name of the module-private table of inverse frequencies.
+pub const INV_FREQ: &str = "kiln_inv_freq";
+
+pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
+    let Kernel::RopeKv { heads, kv_heads, head_dim, qk_norm, inv_freq, .. } = kernel else { unreachable!() };
+    let (q, k, v, kc, vc) = (p[0], p[1], p[2], p[3], p[4]);
+    let norms = qk_norm.as_ref().map(|n| (p[5], n.q_dtype, p[6], n.k_dtype, n.eps.get()));
+    let half = head_dim / 2;
+    let table_ty = b.ty(&format!("memref<{}xf32>", inv_freq.len()));
+    let table = b.op(
+        "memref.get_global",
+        &[],
+        &[table_ty],
+        &[("name", b.attr(&format!("@{INV_FREQ}")))],
+    )[0];
+
+    let per_row = heads + kv_heads;
+    let total = b.muli(d.rows, b.idx(per_row));
+    let (start, end) = thread_range(b, total, d, 1);
+    let one = b.idx(1);
+    b.for_each(start, end, one, |b, item| {
+        let per_row_c = b.idx(per_row);
+        let r = b.divui(item, per_row_c);
+        let h = b.remui(item, per_row_c);
+        let position = b.addi(d.pos, r);
+        let pos_f = b.index_to_f32(position);
+        let is_q = b.cmpi(Cmp::Ult, h, b.idx(*heads));
+        // A query head.
+        b.if_then(is_q, |b| {
+            let c0 = b.muli(h, b.idx(*head_dim));
+            if let Some((qn, qdt, _, _, eps)) = norms {
+                head_norm(b, q, r, c0, qn, qdt, eps, *head_dim, max_lanes);
+            }
+            rotate(b, q, r, c0, table, pos_f, half);
+        });
+        // A key/value head: rotate k, then store k and v rows into the caches.
+        let is_kv = b.cmpi(Cmp::Uge, h, b.idx(*heads));
+        b.if_then(is_kv, |b| {
+            let c0 = b.muli(b.subi(h, b.idx(*heads)), b.idx(*head_dim));
+            if let Some((_, _, kn, kdt, eps)) = norms {
+                head_norm(b, k, r, c0, kn, kdt, eps, *head_dim, max_lanes);
+            }
+            rotate(b, k, r, c0, table, pos_f, half);
+            let lanes = lanes_for(*head_dim, max_lanes);
+            let (lo, hi, step) = (b.idx(0), b.idx(*head_dim), b.idx(lanes));
+            b.for_each(lo, hi, step, |b, i| {
+                let c = b.addi(c0, i);
+                b.store(b.load_f32(k, &[r, c], lanes), kc, &[position, c]);
+                b.store(b.load_f32(v, &[r, c], lanes), vc, &[position, c]);
+            });
+        });
+    });
+}
+
+/// RMSNorm of one head in place.
+#[allow(clippy::too_many_arguments)]
+fn head_norm<'c>(b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, w: Value<'c, '_>, wdtype: DType, eps: f32, dim: usize, max_lanes: usize) {
+    let inv = inv_rms(b, x, r, c0, dim, eps, max_lanes);
+    scale_row(b, x, r, c0, w, wdtype, inv, x, r, c0, dim, max_lanes);
+}
+
+/// Rotates the pairs `(c0 + i, c0 + i + half)` of row `r` by `pos * inv_freq[i]`.
+fn rotate<'c>(b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, table: Value<'c, '_>, pos_f: Value<'c, '_>, half: usize) {
+    let (lo, hi, one) = (b.idx(0), b.idx(half), b.idx(1));
+    b.for_each(lo, hi, one, |b, i| {
+        let angle = b.mulf(pos_f, b.load_f32(table, &[i], 1));
+        let (cos, sin) = (b.cos(angle), b.sin(angle));
+        let c1 = b.addi(c0, i);
+        let c2 = b.addi(c1, b.idx(half));
+        let x1 = b.load_f32(x, &[r, c1], 1);
+        let x2 = b.load_f32(x, &[r, c2], 1);
+        b.store(b.subf(b.mulf(x1, cos), b.mulf(x2, sin)), x, &[r, c1]);
+        b.store(b.addf(b.mulf(x2, cos), b.mulf(x1, sin)), x, &[r, c2]);
+    });
+}

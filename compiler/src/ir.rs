@@ -1,0 +1,393 @@
+//! A thin typed layer over melior's operation builders, so emitters read like the code they
+//! generate (`b.addf(x, y)`, `b.for_range(..)`) instead of attribute plumbing.
+//!
+//! Every method appends one operation to the current block and returns its result. Nested
+//! regions (`scf.for`, `scf.if`) take a closure that receives a builder for the inner block.
+//! Float constants are written as hexadecimal bit patterns so they are exact.
+
+use kiln_spec::DType;
+use melior::{
+    Context,
+    ir::{
+        Attribute, Block, BlockLike, Identifier, Location, Region, RegionLike, Type, TypeLike, Value, ValueLike,
+        attribute::TypeAttribute, operation::OperationBuilder,
+    },
+};
+
+/// Floating-point flags for reductions and accumulations that may be reassociated: without
+/// them LLVM keeps reductions scalar and in order.
+pub const FAST: &str = "#arith.fastmath<fast>";
+
+/// Builder appending operations to one block.
+#[derive(Clone, Copy)]
+pub struct Kb<'c, 'a> {
+    pub ctx: &'c Context,
+    pub loc: Location<'c>,
+    pub blk: &'a Block<'c>,
+}
+
+/// Integer comparison predicates of `arith.cmpi`, by their MLIR numbering.
+#[derive(Clone, Copy)]
+pub enum Cmp {
+    Eq = 0,
+    Ne = 1,
+    Slt = 2,
+    Sle = 3,
+    Sgt = 4,
+    Sge = 5,
+    Ult = 6,
+    Ule = 7,
+    Ugt = 8,
+    Uge = 9,
+}
+
+impl<'c, 'a> Kb<'c, 'a> {
+    // ---- types and attributes -------------------------------------------------------------
+
+    pub fn ty(&self, text: &str) -> Type<'c> {
+        Type::parse(self.ctx, text).unwrap_or_else(|| panic!("emitter wrote an invalid MLIR type: {text}"))
+    }
+    pub fn attr(&self, text: &str) -> Attribute<'c> {
+        Attribute::parse(self.ctx, text).unwrap_or_else(|| panic!("emitter wrote an invalid MLIR attribute: {text}"))
+    }
+    pub fn index_ty(&self) -> Type<'c> {
+        Type::index(self.ctx)
+    }
+    pub fn f32_ty(&self) -> Type<'c> {
+        Type::float32(self.ctx)
+    }
+    pub fn vec_ty(&self, lanes: usize, elem: &str) -> Type<'c> {
+        self.ty(&format!("vector<{lanes}x{elem}>"))
+    }
+
+    /// Appends a generic operation with explicit result types.
+    pub fn op(&self, name: &str, operands: &[Value<'c, '_>], results: &[Type<'c>], attrs: &[(&str, Attribute<'c>)]) -> Vec<Value<'c, 'a>> {
+        let attrs: Vec<_> = attrs.iter().map(|(n, a)| (Identifier::new(self.ctx, n), *a)).collect();
+        let op = OperationBuilder::new(name, self.loc)
+            .add_operands(operands)
+            .add_results(results)
+            .add_attributes(&attrs)
+            .build()
+            .unwrap_or_else(|e| panic!("emitter built an invalid {name}: {e}"));
+        let op = self.blk.append_operation(op);
+        (0..results.len()).map(|i| op.result(i).expect("result exists").into()).collect()
+    }
+    fn op1(&self, name: &str, operands: &[Value<'c, '_>], result: Type<'c>, attrs: &[(&str, Attribute<'c>)]) -> Value<'c, 'a> {
+        self.op(name, operands, &[result], attrs)[0]
+    }
+
+    // ---- constants ---------------------------------------------------------------------------
+
+    pub fn idx(&self, v: usize) -> Value<'c, 'a> {
+        self.op1("arith.constant", &[], self.index_ty(), &[("value", self.attr(&format!("{v} : index")))])
+    }
+    pub fn f32c(&self, v: f32) -> Value<'c, 'a> {
+        self.op1("arith.constant", &[], self.f32_ty(), &[("value", self.attr(&format!("0x{:08X} : f32", v.to_bits())))])
+    }
+    pub fn i32c(&self, v: i32) -> Value<'c, 'a> {
+        self.op1("arith.constant", &[], self.ty("i32"), &[("value", self.attr(&format!("{v} : i32")))])
+    }
+    /// A vector of `lanes` copies of `v`.
+    pub fn f32_splat(&self, v: f32, lanes: usize) -> Value<'c, 'a> {
+        let t = format!("vector<{lanes}xf32>");
+        self.op1("arith.constant", &[], self.ty(&t), &[("value", self.attr(&format!("dense<0x{:08X}> : {t}", v.to_bits())))])
+    }
+    /// A splat constant of any integer element type.
+    pub fn int_splat(&self, v: i64, lanes: usize, elem: &str) -> Value<'c, 'a> {
+        let t = format!("vector<{lanes}x{elem}>");
+        self.op1("arith.constant", &[], self.ty(&t), &[("value", self.attr(&format!("dense<{v}> : {t}")))])
+    }
+    /// A zero of the same type as `like` (scalar f32 or vector of f32).
+    pub fn zero_like(&self, lanes: usize) -> Value<'c, 'a> {
+        if lanes == 1 { self.f32c(0.0) } else { self.f32_splat(0.0, lanes) }
+    }
+
+    // ---- index arithmetic --------------------------------------------------------------------
+
+    pub fn addi(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.addi", &[a, b], a.r#type(), &[])
+    }
+    pub fn subi(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.subi", &[a, b], a.r#type(), &[])
+    }
+    pub fn muli(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.muli", &[a, b], a.r#type(), &[])
+    }
+    pub fn divui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.divui", &[a, b], a.r#type(), &[])
+    }
+    pub fn remui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.remui", &[a, b], a.r#type(), &[])
+    }
+    pub fn ceildivui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.ceildivui", &[a, b], a.r#type(), &[])
+    }
+    pub fn minui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.minui", &[a, b], a.r#type(), &[])
+    }
+    pub fn maxui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.maxui", &[a, b], a.r#type(), &[])
+    }
+    pub fn cmpi(&self, pred: Cmp, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        let i1 = self.ty("i1");
+        self.op1("arith.cmpi", &[a, b], i1, &[("predicate", self.attr(&format!("{} : i64", pred as i64)))])
+    }
+    pub fn select(&self, c: Value<'c, '_>, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.select", &[c, a, b], a.r#type(), &[])
+    }
+    /// `i64`/`i32` → `index` (or back).
+    pub fn index_cast(&self, v: Value<'c, '_>, to: Type<'c>) -> Value<'c, 'a> {
+        self.op1("arith.index_cast", &[v], to, &[])
+    }
+    /// Unsigned index → f32 (positions for RoPE angles).
+    pub fn index_to_f32(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        let i64t = self.ty("i64");
+        let i = self.index_cast(v, i64t);
+        self.op1("arith.uitofp", &[i], self.f32_ty(), &[])
+    }
+
+    // ---- float arithmetic (scalars or vectors; `fast` allows reassociation and contraction) ----
+
+    fn fop(&self, name: &str, a: Value<'c, '_>, b: Value<'c, '_>, fast: bool) -> Value<'c, 'a> {
+        let attrs: Vec<(&str, Attribute<'c>)> = if fast { vec![("fastmath", self.attr(FAST))] } else { vec![] };
+        self.op1(name, &[a, b], a.r#type(), &attrs)
+    }
+    pub fn addf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.addf", a, b, false)
+    }
+    pub fn subf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.subf", a, b, false)
+    }
+    pub fn mulf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.mulf", a, b, false)
+    }
+    pub fn divf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.divf", a, b, false)
+    }
+    pub fn maxf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.maximumf", a, b, false)
+    }
+    /// Reassociable add, for reductions whose order does not matter.
+    pub fn addf_fast(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.fop("arith.addf", a, b, true)
+    }
+    pub fn negf(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.negf", &[a], a.r#type(), &[])
+    }
+    /// `a * b + c` with a single rounding (scalar `math.fma` or `vector.fma`).
+    pub fn fma(&self, a: Value<'c, '_>, b: Value<'c, '_>, c: Value<'c, '_>) -> Value<'c, 'a> {
+        let name = if a.r#type().is_vector() { "vector.fma" } else { "math.fma" };
+        self.op1(name, &[a, b, c], a.r#type(), &[])
+    }
+    pub fn exp(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("math.exp", &[a], a.r#type(), &[])
+    }
+    pub fn sqrt(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("math.sqrt", &[a], a.r#type(), &[])
+    }
+    pub fn cos(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("math.cos", &[a], a.r#type(), &[])
+    }
+    pub fn sin(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("math.sin", &[a], a.r#type(), &[])
+    }
+
+    // ---- vectors -------------------------------------------------------------------------------
+
+    pub fn broadcast(&self, scalar: Value<'c, '_>, lanes: usize) -> Value<'c, 'a> {
+        let t = self.vec_ty(lanes, "f32");
+        self.op1("vector.broadcast", &[scalar], t, &[])
+    }
+    /// Sum of the lanes, reassociated (a tree of shuffles and adds).
+    pub fn reduce_add(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        if !v.r#type().is_vector() {
+            return self.op1("arith.addf", &[v, self.f32c(0.0)], self.f32_ty(), &[]);
+        }
+        self.op1(
+            "vector.reduction",
+            &[v],
+            self.f32_ty(),
+            &[("kind", self.attr("#vector.kind<add>")), ("fastmath", self.attr(FAST))],
+        )
+    }
+
+    // ---- memory ----------------------------------------------------------------------------------
+
+    /// Loads `lanes` consecutive f32 (1 = a scalar load).
+    pub fn load_f32(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize) -> Value<'c, 'a> {
+        self.load_raw(mem, idx, lanes, "f32")
+    }
+    fn load_raw(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize, elem: &str) -> Value<'c, 'a> {
+        let mut ops = vec![mem];
+        ops.extend_from_slice(idx);
+        if lanes == 1 {
+            self.op1("memref.load", &ops, self.ty(elem), &[])
+        } else {
+            self.op1("vector.load", &ops, self.vec_ty(lanes, elem), &[])
+        }
+    }
+    /// Loads `lanes` consecutive weights of type `dtype` and widens them to f32. bf16 is widened
+    /// by a 16-bit shift of the integer bits (exact, and cheaper than a conversion instruction).
+    pub fn load_weight(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize, dtype: DType) -> Value<'c, 'a> {
+        match dtype {
+            DType::F32 => self.load_f32(mem, idx, lanes),
+            DType::F16 => {
+                let h = self.load_raw(mem, idx, lanes, "f16");
+                let t = if lanes == 1 { self.f32_ty() } else { self.vec_ty(lanes, "f32") };
+                self.op1("arith.extf", &[h], t, &[])
+            }
+            DType::BF16 => {
+                let raw = self.load_raw(mem, idx, lanes, "bf16");
+                let (t16, t32, tf) = if lanes == 1 {
+                    (self.ty("i16"), self.ty("i32"), self.f32_ty())
+                } else {
+                    (self.vec_ty(lanes, "i16"), self.vec_ty(lanes, "i32"), self.vec_ty(lanes, "f32"))
+                };
+                let bits = self.op1("arith.bitcast", &[raw], t16, &[]);
+                let wide = self.op1("arith.extui", &[bits], t32, &[]);
+                let sixteen = if lanes == 1 {
+                    self.op1("arith.constant", &[], t32, &[("value", self.attr("16 : i32"))])
+                } else {
+                    self.int_splat(16, lanes, "i32")
+                };
+                let shifted = self.op1("arith.shli", &[wide, sixteen], t32, &[]);
+                self.op1("arith.bitcast", &[shifted], tf, &[])
+            }
+        }
+    }
+    /// Loads one i32 and returns it as an index.
+    pub fn load_i32_index(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) -> Value<'c, 'a> {
+        let v = self.load_raw(mem, idx, 1, "i32");
+        let i64t = self.ty("i64");
+        let w = self.op1("arith.extui", &[v], i64t, &[]);
+        self.index_cast(w, self.index_ty())
+    }
+    /// Stores a scalar or a vector.
+    pub fn store(&self, value: Value<'c, '_>, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) {
+        let mut ops = vec![value, mem];
+        ops.extend_from_slice(idx);
+        let name = if value.r#type().is_vector() { "vector.store" } else { "memref.store" };
+        self.op(name, &ops, &[], &[]);
+    }
+
+    // ---- control flow ----------------------------------------------------------------------------
+
+    /// `scf.for` from `lb` to `ub` by `step`, carrying `inits`; the body returns the next values.
+    pub fn for_range<F>(&self, lb: Value<'c, '_>, ub: Value<'c, '_>, step: Value<'c, '_>, inits: &[Value<'c, '_>], body: F) -> Vec<Value<'c, 'a>>
+    where
+        F: for<'b> FnOnce(Kb<'c, 'b>, Value<'c, 'b>, Vec<Value<'c, 'b>>) -> Vec<Value<'c, 'b>>,
+    {
+        let mut args = vec![(self.index_ty(), self.loc)];
+        args.extend(inits.iter().map(|v| (v.r#type(), self.loc)));
+        let block = Block::new(&args);
+        {
+            let inner = Kb { ctx: self.ctx, loc: self.loc, blk: &block };
+            let iv: Value = block.argument(0).expect("induction variable").into();
+            let carried: Vec<Value> = (1..args.len()).map(|i| block.argument(i).expect("iter arg").into()).collect();
+            let next = body(inner, iv, carried);
+            assert_eq!(next.len(), inits.len(), "scf.for body must yield one value per carried value");
+            inner.op("scf.yield", &next, &[], &[]);
+        }
+        let region = Region::new();
+        region.append_block(block);
+        let types: Vec<Type> = inits.iter().map(|v| v.r#type()).collect();
+        let mut operands = vec![lb, ub, step];
+        operands.extend_from_slice(inits);
+        let op = OperationBuilder::new("scf.for", self.loc)
+            .add_operands(&operands)
+            .add_results(&types)
+            .add_regions([region])
+            .build()
+            .expect("valid scf.for");
+        let op = self.blk.append_operation(op);
+        (0..types.len()).map(|i| op.result(i).expect("result").into()).collect()
+    }
+
+    /// A loop without carried values.
+    pub fn for_each<F>(&self, lb: Value<'c, '_>, ub: Value<'c, '_>, step: Value<'c, '_>, body: F)
+    where
+        F: for<'b> FnOnce(Kb<'c, 'b>, Value<'c, 'b>),
+    {
+        self.for_range(lb, ub, step, &[], |b, iv, _| {
+            body(b, iv);
+            vec![]
+        });
+    }
+
+    /// `scf.if` without results.
+    pub fn if_then<F>(&self, cond: Value<'c, '_>, then: F)
+    where
+        F: for<'b> FnOnce(Kb<'c, 'b>),
+    {
+        let block = Block::new(&[]);
+        {
+            let inner = Kb { ctx: self.ctx, loc: self.loc, blk: &block };
+            then(inner);
+            inner.op("scf.yield", &[], &[], &[]);
+        }
+        let then_region = Region::new();
+        then_region.append_block(block);
+        let op = OperationBuilder::new("scf.if", self.loc)
+            .add_operands(&[cond])
+            .add_regions([then_region, Region::new()])
+            .build()
+            .expect("valid scf.if");
+        self.blk.append_operation(op);
+    }
+}
+
+/// Builds `func.func @name(args) -> ()` whose body is written by `body`, marked public (the
+/// exported kernel) or private (a helper that must not clash between separately compiled
+/// objects).
+pub fn build_func<'c, F>(ctx: &'c Context, name: &str, arg_types: &[Type<'c>], public: bool, body: F) -> melior::ir::Operation<'c>
+where
+    F: for<'b> FnOnce(Kb<'c, 'b>, Vec<Value<'c, 'b>>),
+{
+    let loc = Location::unknown(ctx);
+    let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
+    {
+        let b = Kb { ctx, loc, blk: &block };
+        let args: Vec<Value> = (0..arg_types.len()).map(|i| block.argument(i).expect("argument").into()).collect();
+        body(b, args);
+        b.op("func.return", &[], &[], &[]);
+    }
+    let region = Region::new();
+    region.append_block(block);
+    let inputs: Vec<String> = arg_types.iter().map(|t| t.to_string()).collect();
+    let fty = Type::parse(ctx, &format!("({}) -> ()", inputs.join(", "))).expect("function type");
+    let mut attrs = vec![
+        (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{name}\"")).expect("symbol name")),
+        (Identifier::new(ctx, "function_type"), TypeAttribute::new(fty).into()),
+    ];
+    if !public {
+        attrs.push((Identifier::new(ctx, "sym_visibility"), Attribute::parse(ctx, "\"private\"").expect("visibility")));
+    }
+    OperationBuilder::new("func.func", loc)
+        .add_attributes(&attrs)
+        .add_regions([region])
+        .build()
+        .expect("valid func.func")
+}
+
+/// Chooses the vector width for a loop over `dim` elements: the widest power of two not above
+/// `max_lanes` that divides `dim`, so no remainder loop is ever needed (1 = scalar code).
+pub fn lanes_for(dim: usize, max_lanes: usize) -> usize {
+    let mut lanes = max_lanes.max(1);
+    while lanes > 1 && dim % lanes != 0 {
+        lanes /= 2;
+    }
+    lanes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lanes_for;
+
+    #[test]
+    fn lanes_divide_the_dimension() {
+        assert_eq!(lanes_for(896, 16), 16);
+        assert_eq!(lanes_for(136, 16), 8);
+        assert_eq!(lanes_for(20, 16), 4);
+        assert_eq!(lanes_for(7, 8), 1);
+    }
+}

@@ -1,0 +1,336 @@
+//! Each kernel family compiled for a small shape, loaded and checked against a plain Rust
+//! reference (f64 accumulation) on random data, for prefill (several rows, several threads) and
+//! decode shapes, with bf16, f16 and f32 weights.
+
+use crate::{CompileRequest, compile, kernel_list};
+use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
+use std::sync::OnceLock;
+
+const H: usize = 64;
+const I: usize = 136;
+const HEADS: usize = 4;
+const KV: usize = 2;
+const D: usize = 16;
+const VOCAB: usize = 100;
+const CTX: usize = 64;
+const ROWS: usize = 8;
+
+fn spec(qk_norm: bool, window: Option<usize>) -> ModelSpec {
+    let mut l0 = LayerDTypes::uniform(DType::BF16, true, false, qk_norm);
+    let mut l1 = LayerDTypes::uniform(DType::F32, false, true, qk_norm);
+    l1.q = DType::F16;
+    l1.k = DType::F16;
+    l1.v = DType::F16;
+    l0.q_bias = Some(DType::F32);
+    ModelSpec {
+        arch: Arch::Qwen2,
+        hidden_size: H,
+        intermediate_size: I,
+        num_heads: HEADS,
+        num_kv_heads: KV,
+        head_dim: D,
+        vocab_size: VOCAB,
+        max_position_embeddings: CTX,
+        rms_norm_eps: 1e-6,
+        rope: Rope { theta: 10000.0, scaling: RopeScaling::None },
+        tie_word_embeddings: true,
+        attention_bias: true,
+        o_bias: false,
+        qk_norm,
+        embed_dtype: DType::BF16,
+        final_norm_dtype: DType::F32,
+        lm_head_dtype: DType::BF16,
+        layers: vec![LayerSpec { sliding_window: None, dtypes: l0 }, LayerSpec { sliding_window: window, dtypes: l1 }],
+    }
+}
+
+struct Compiled {
+    _dir: tempfile::TempDir,
+    lib: libloading::Library,
+    kernels: Vec<Kernel>,
+}
+
+/// Compiles each test spec once per test binary.
+fn compiled(qk_norm: bool) -> &'static Compiled {
+    static PLAIN: OnceLock<Compiled> = OnceLock::new();
+    static QK: OnceLock<Compiled> = OnceLock::new();
+    let cell = if qk_norm { &QK } else { &PLAIN };
+    cell.get_or_init(|| {
+        let spec = spec(qk_norm, Some(5));
+        let options = CompileOptions { prefill_rows: ROWS, f32_lanes: HostCpu::detect().f32_lanes() };
+        let dir = tempfile::tempdir().unwrap();
+        let report = compile(&CompileRequest {
+            spec: &spec,
+            options: &options,
+            out_dir: dir.path(),
+            library_name: "libtest.so",
+            emit_mlir: None,
+            emit_asm: None,
+            threads: None,
+            progress: None,
+        })
+        .expect("test spec compiles");
+        // SAFETY: the library was just produced by the compiler and exports the ABI.
+        let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
+        Compiled { kernels: kernel_list(&spec, &options), _dir: dir, lib }
+    })
+}
+
+impl Compiled {
+    fn find(&self, pred: impl Fn(&Kernel) -> bool) -> Kernel {
+        self.kernels.iter().find(|k| pred(k)).cloned().expect("kernel in the set")
+    }
+    /// Calls a kernel once per thread id, in turn (threads only partition the work).
+    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
+        let mut p = [std::ptr::null_mut(); PTR_ARGS];
+        p[..ptrs.len()].copy_from_slice(ptrs);
+        // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
+        unsafe {
+            let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
+            for tid in 0..nth {
+                f(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], rows as i64, pos as i64, tid as i64, nth as i64);
+            }
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+/// Weights stored as `dtype` bytes, and the exact f32 values they hold.
+fn weights(rng: &mut Rng, n: usize, dtype: DType) -> (Vec<u8>, Vec<f32>) {
+    let vals = rng.vec(n);
+    match dtype {
+        DType::F32 => (vals.iter().flat_map(|v| v.to_le_bytes()).collect(), vals),
+        DType::BF16 => {
+            let bits: Vec<u16> = vals.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect())
+        }
+        DType::F16 => {
+            // Values in [-1, 1) with 10 mantissa bits survive f16 exactly after this rounding.
+            let exact: Vec<f32> = vals.iter().map(|v| (v * 1024.0).round() / 1024.0).collect();
+            let bytes = exact.iter().flat_map(|v| f32_to_f16(*v).to_le_bytes()).collect();
+            (bytes, exact)
+        }
+    }
+}
+
+fn f32_to_f16(v: f32) -> u16 {
+    if v == 0.0 {
+        return if v.is_sign_negative() { 0x8000 } else { 0 };
+    }
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    let mant = bits & 0x7f_ffff;
+    if exp <= 0 {
+        // Subnormal f16: value = mant16 * 2^-24.
+        let m = ((v.abs() * (1u32 << 24) as f32).round()) as u16;
+        return sign | m;
+    }
+    sign | ((exp as u16) << 10) | ((mant >> 13) as u16)
+}
+
+fn ptr<T>(v: &mut [T]) -> *mut u8 {
+    v.as_mut_ptr() as *mut u8
+}
+
+fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(err <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w} (|err| {err:e})");
+    }
+}
+
+#[test]
+fn matmul_all_dtypes_prefill_and_decode() {
+    let c = compiled(false);
+    let mut rng = Rng(0x1234_5678);
+    let matmuls: Vec<Kernel> = c.kernels.iter().filter(|k| matches!(k, Kernel::MatMul { .. })).cloned().collect();
+    assert!(matmuls.len() >= 6, "expected several matmul variants");
+    let mut seen = std::collections::HashSet::new();
+    for k in &matmuls {
+        let Kernel::MatMul { n, k: kk, wdtype, bias, accumulate, max_rows } = *k else { unreachable!() };
+        seen.insert(wdtype);
+        for (rows, nth) in [(max_rows, 1), (max_rows.min(3), 2), (1, 3)] {
+            if rows > max_rows {
+                continue;
+            }
+            let mut x = rng.vec(max_rows * kk);
+            let (mut wb, wv) = weights(&mut rng, n * kk, wdtype);
+            let (mut bb, bv) = weights(&mut rng, n, bias.unwrap_or(DType::F32));
+            let y0 = rng.vec(max_rows * n);
+            let mut y = y0.clone();
+            let mut ptrs = vec![ptr(&mut x), ptr(&mut wb), ptr(&mut y)];
+            if bias.is_some() {
+                ptrs.push(ptr(&mut bb));
+            }
+            c.call(k, &ptrs, rows, 0, nth);
+            let mut want = Vec::new();
+            for r in 0..rows {
+                for j in 0..n {
+                    let mut s: f64 = (0..kk).map(|i| x[r * kk + i] as f64 * wv[j * kk + i] as f64).sum();
+                    if bias.is_some() {
+                        s += bv[j] as f64;
+                    }
+                    if accumulate {
+                        s += y0[r * n + j] as f64;
+                    }
+                    want.push(s);
+                }
+            }
+            assert_close(&y[..rows * n], &want, 1e-5, &k.symbol());
+            assert_eq!(&y[rows * n..], &y0[rows * n..], "{}: rows past `rows` must be untouched", k.symbol());
+        }
+    }
+    assert_eq!(seen.len(), 3, "bf16, f16 and f32 weights all exercised");
+}
+
+#[test]
+fn rmsnorm_embed_and_silu() {
+    let c = compiled(false);
+    let mut rng = Rng(42);
+    for max_rows in [ROWS, 1] {
+        let k = c.find(|k| matches!(k, Kernel::RmsNorm { dim, wdtype: DType::BF16, max_rows: m, .. } if *dim == H && *m == max_rows));
+        let rows = max_rows.min(5);
+        let mut x = rng.vec(max_rows * H);
+        let (mut wb, wv) = weights(&mut rng, H, DType::BF16);
+        let mut y = vec![0f32; max_rows * H];
+        c.call(&k, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y)], rows, 0, 2);
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let row = &x[r * H..(r + 1) * H];
+            let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / H as f64;
+            let inv = 1.0 / (ms + 1e-6).sqrt();
+            want.extend(row.iter().zip(&wv).map(|(v, w)| *v as f64 * inv * *w as f64));
+        }
+        assert_close(&y[..rows * H], &want, 1e-5, "rmsnorm");
+
+        let k = c.find(|k| matches!(k, Kernel::Embed { max_rows: m, .. } if *m == max_rows));
+        let mut tokens: Vec<i32> = (0..max_rows as i32).map(|i| (i * 37 + 5) % VOCAB as i32).collect();
+        let (mut table, tv) = weights(&mut rng, VOCAB * H, DType::BF16);
+        let mut out = vec![0f32; max_rows * H];
+        c.call(&k, &[ptr(&mut tokens), ptr(&mut table), ptr(&mut out)], rows, 0, 2);
+        for r in 0..rows {
+            let t = tokens[r] as usize;
+            assert_eq!(&out[r * H..(r + 1) * H], &tv[t * H..(t + 1) * H]);
+        }
+
+        let k = c.find(|k| matches!(k, Kernel::SiluMul { max_rows: m, .. } if *m == max_rows));
+        let mut g = rng.vec(max_rows * I).iter().map(|v| v * 6.0).collect::<Vec<_>>();
+        let mut u = rng.vec(max_rows * I);
+        let g0 = g.clone();
+        c.call(&k, &[ptr(&mut g), ptr(&mut u)], rows, 0, 2);
+        let want: Vec<f64> = (0..rows * I).map(|i| g0[i] as f64 / (1.0 + (-(g0[i] as f64)).exp()) * u[i] as f64).collect();
+        assert_close(&g[..rows * I], &want, 1e-6, "silu_mul");
+    }
+}
+
+/// Reference RoPE (rotate-half) of one head in place, after an optional RMSNorm.
+fn rope_ref(x: &mut [f64], pos: usize, norm: Option<&[f32]>) {
+    if let Some(w) = norm {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / D as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        for (v, w) in x.iter_mut().zip(w) {
+            *v = *v * inv * *w as f64;
+        }
+    }
+    let inv_freq = Rope { theta: 10000.0, scaling: RopeScaling::None }.inv_freq(D);
+    for i in 0..D / 2 {
+        let a = (pos as f32 * inv_freq[i]) as f64;
+        let (x1, x2) = (x[i], x[i + D / 2]);
+        x[i] = x1 * a.cos() - x2 * a.sin();
+        x[i + D / 2] = x2 * a.cos() + x1 * a.sin();
+    }
+}
+
+#[test]
+fn rope_kv_with_and_without_qk_norm() {
+    for qk in [false, true] {
+        let c = compiled(qk);
+        let mut rng = Rng(7);
+        for max_rows in [ROWS, 1] {
+            let k = c.find(|k| matches!(k, Kernel::RopeKv { max_rows: m, .. } if *m == max_rows));
+            let (rows, pos) = (max_rows.min(6), 9);
+            let mut q = rng.vec(max_rows * HEADS * D);
+            let mut kk = rng.vec(max_rows * KV * D);
+            let mut v = rng.vec(max_rows * KV * D);
+            let mut kc = vec![0f32; CTX * KV * D];
+            let mut vc = vec![0f32; CTX * KV * D];
+            let (mut qn, qnv) = weights(&mut rng, D, DType::BF16);
+            let (mut kn, knv) = weights(&mut rng, D, DType::BF16);
+            let (q0, k0) = (q.clone(), kk.clone());
+            let mut ptrs = vec![ptr(&mut q), ptr(&mut kk), ptr(&mut v), ptr(&mut kc), ptr(&mut vc)];
+            if qk {
+                ptrs.push(ptr(&mut qn));
+                ptrs.push(ptr(&mut kn));
+            }
+            c.call(&k, &ptrs, rows, pos, 3);
+            for r in 0..rows {
+                for h in 0..HEADS {
+                    let s = r * HEADS * D + h * D;
+                    let mut want: Vec<f64> = q0[s..s + D].iter().map(|v| *v as f64).collect();
+                    rope_ref(&mut want, pos + r, qk.then_some(&qnv[..]));
+                    assert_close(&q[s..s + D], &want, 2e-6, "rope q");
+                }
+                for h in 0..KV {
+                    let s = r * KV * D + h * D;
+                    let mut want: Vec<f64> = k0[s..s + D].iter().map(|v| *v as f64).collect();
+                    rope_ref(&mut want, pos + r, qk.then_some(&knv[..]));
+                    assert_close(&kk[s..s + D], &want, 2e-6, "rope k");
+                    let c0 = (pos + r) * KV * D + h * D;
+                    assert_eq!(&kc[c0..c0 + D], &kk[s..s + D], "k cache row");
+                    assert_eq!(&vc[c0..c0 + D], &v[s..s + D], "v cache row");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_causal_gqa_and_sliding_window() {
+    let c = compiled(false);
+    let mut rng = Rng(99);
+    for window in [None, Some(5)] {
+        for max_rows in [ROWS, 1] {
+            let k = c.find(|k| matches!(k, Kernel::Attention { max_rows: m, window: w, .. } if *m == max_rows && *w == window));
+            let (rows, pos) = (max_rows.min(7), 11);
+            let mut q = rng.vec(max_rows * HEADS * D);
+            let mut kc = rng.vec(CTX * KV * D);
+            let mut vc = rng.vec(CTX * KV * D);
+            let mut out = vec![0f32; max_rows * HEADS * D];
+            c.call(&k, &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out)], rows, pos, 2);
+            let scale = 1.0 / (D as f64).sqrt();
+            for r in 0..rows {
+                let p = pos + r;
+                let first = window.map(|w| (p + 1).saturating_sub(w)).unwrap_or(0);
+                for h in 0..HEADS {
+                    let g = h / (HEADS / KV);
+                    let qs = &q[r * HEADS * D + h * D..][..D];
+                    let scores: Vec<f64> = (first..=p)
+                        .map(|j| (0..D).map(|i| qs[i] as f64 * kc[j * KV * D + g * D + i] as f64).sum::<f64>() * scale)
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    let want: Vec<f64> = (0..D)
+                        .map(|i| (first..=p).zip(&e).map(|(j, w)| w / z * vc[j * KV * D + g * D + i] as f64).sum())
+                        .collect();
+                    assert_close(&out[r * HEADS * D + h * D..][..D], &want, 1e-5, "attention");
+                }
+            }
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! Tokenizer (being written).
