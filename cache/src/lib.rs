@@ -1,1 +1,48 @@
-//! On-disk cache (being written).
+//! On-disk cache of build outputs, one folder per key.
+//!
+//! Compiling a model takes long enough that it must happen once per model and machine, and a
+//! warm start must take well under 0.2 s; this crate makes that safe. It stores opaque build
+//! outputs (a library file plus free-form metadata) under a [`Key`] derived from everything that
+//! determines them, and it does not know what a model or a kernel is.
+//!
+//! Guarantees:
+//! - an entry is only ever visible complete: builds go to a staging folder that is synced and
+//!   renamed into place, and deletions rename to trash first;
+//! - every use verifies the library's size and SHA-256 against `meta.json`, so a truncated or
+//!   overwritten library is rebuilt ([`Status::Rebuilt`]) instead of loaded;
+//! - concurrent builds of one key, from threads or processes, run the builder once: the others
+//!   wait on `<root>/<key>.lock` and then find a hit;
+//! - a failing or panicking builder leaves nothing behind; leftovers of crashed processes are
+//!   ignored, and removed by [`Cache::clean_all`] or after an hour by [`Cache::get_or_build`].
+//!
+//! ```no_run
+//! use kiln_cache::{BuildOutput, Cache, Key};
+//!
+//! type Error = Box<dyn std::error::Error + Send + Sync>;
+//!
+//! # fn main() -> Result<(), Error> {
+//! let cache = Cache::open(Cache::default_root()?)?;
+//! let key = Key::from_parts(&[("spec", "{...}"), ("kiln_version", "0.1.0")]);
+//! let outcome = cache.get_or_build(&key, |staging| -> Result<BuildOutput, Error> {
+//!     std::fs::write(staging.join("libkiln.so"), b"...")?;
+//!     Ok(BuildOutput::new("libkiln.so", serde_json::json!({ "model": "x" })))
+//! })?;
+//! println!("{:?}: {}", outcome.status, outcome.entry.library_path.display());
+//! # Ok(())
+//! # }
+//! ```
+
+mod cache;
+mod error;
+mod fsutil;
+mod key;
+
+pub use cache::{
+    BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed,
+    Status,
+};
+pub use error::CacheError;
+pub use key::{KEY_HEX_LEN, Key};
+
+#[cfg(test)]
+mod tests;
