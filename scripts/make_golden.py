@@ -1,0 +1,580 @@
+#!/usr/bin/env python3
+"""Create the tiny test models under tests/fixtures/ and their golden outputs.
+
+Usage (from the repository root, CPU only, about 15 seconds):
+
+    python3 -m pip install -r scripts/requirements-golden.txt   # pinned versions
+    python3 scripts/make_golden.py                               # writes tests/fixtures/{llama,mistral,qwen2,qwen3}/
+
+Options: --out DIR (default tests/fixtures), --only NAME[,NAME...].
+
+What it does, for each of four architectures (llama, mistral, qwen2, qwen3):
+
+  1. trains a small tokenizer with the `tokenizers` library on scripts/corpus.txt
+     (byte-level BPE like Qwen/GPT-2, or a Llama/SentencePiece-like BPE with byte fallback),
+     saved in real Hugging Face format (tokenizer.json + tokenizer_config.json);
+  2. builds a 2-layer, hidden-64 model from its transformers config class with seeded
+     random weights (random RMSNorm weights and attention biases too), casts it to
+     bfloat16 and saves it with save_pretrained (model.safetensors, config.json,
+     generation_config.json);
+  3. reloads the saved folder with AutoModelForCausalLM in float32 (the bf16 weights are
+     upcast exactly), eager attention, and records for four prompts the prompt token ids,
+     the float32 logits at the last prompt position, 32 greedy tokens (never stopping at
+     EOS) and the top1-top2 logit margin of every greedy step, in golden.json.
+
+Everything is seeded: running the script twice gives byte-identical files. It fails if any
+greedy margin is below MIN_MARGIN (so that an f32 reimplementation with a different summation
+order cannot flip an argmax), if any prompt is too long, or if a sanity check fails: the bare
+tokenizer.json must agree with AutoTokenizer; sdpa attention + KV cache must give the same greedy
+tokens; Mistral's sliding window must change the long-prompt logits (and a prompt of exactly
+`sliding_window` tokens must not); the llama config rewritten in the older top-level `rope_theta`
+form must load to identical logits. tests/fixtures/README.md describes the output.
+"""
+
+import argparse
+import inspect
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import safetensors
+import tokenizers
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CORPUS = os.path.join(HERE, "corpus.txt")
+
+MIN_MARGIN = 1e-3
+N_GREEDY = 32
+MAX_POS = 512
+PREFILL_BLOCK = 64
+
+# The GPT-2 style split regex as used by Qwen2/Qwen2.5/Qwen3 (tokenizer.json "Split" pre-tokenizer).
+QWEN_SPLIT_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+PROMPTS = [
+    # short English sentence
+    "The capital of France is Paris, and the weather today is lovely.",
+    # accents, CJK, emoji (the llama-style tokenizer byte-falls-back on most of the emoji)
+    "Café crème à Zürich — naïve 東京の天気は晴れです 🌞🦀 ¡Qué día!",
+    # code snippet
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\nprint(",
+    # long prompt: > 100 tokens with every tokenizer (several 64-row prefill blocks, beyond the
+    # Mistral sliding window of 24)
+    "In the small harbour town where I grew up, every morning began with the sound of gulls and the smell of "
+    "salt. My grandmother ran a bakery on the market square, and before sunrise she was already kneading "
+    "dough. Years later, when I studied computer science in a distant city, I often thought about those quiet "
+    "hours. Writing a compiler is a little like baking bread: you follow the recipe step by step, and at the "
+    "end something useful comes out of the oven. Here is the first function I wrote for it:\n\n"
+    "fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\n"
+    "And here is what my grandmother said about it:",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------
+
+def corpus_lines():
+    with open(CORPUS, encoding="utf-8") as f:
+        return f.read().splitlines(keepends=True)
+
+
+def train_bytelevel_tokenizer(vocab_size=1000):
+    """Byte-level BPE laid out like Qwen's tokenizer.json: NFC normalizer, Split(regex) + ByteLevel
+    pre-tokenizer, ByteLevel post-processor/decoder, special tokens appended after the BPE vocab."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return tok
+
+
+def deterministic_alphabet_limit(pre_tokenizer, wanted):
+    """BpeTrainer keeps the `limit_alphabet` most frequent characters, breaking ties between equal
+    counts in hash-map order (different on every run). Return the largest limit <= wanted that
+    falls between two different counts, so that the kept alphabet is always the same."""
+    counts = {}
+    for line in corpus_lines():
+        for word, _ in pre_tokenizer.pre_tokenize_str(line):
+            for ch in word:
+                counts[ch] = counts.get(ch, 0) + 1
+    ordered = sorted(counts.values(), reverse=True)
+    limit = min(wanted, len(ordered))
+    while 0 < limit < len(ordered) and ordered[limit - 1] == ordered[limit]:
+        limit -= 1
+    assert limit > 0
+    return limit
+
+
+def train_llama_tokenizer(vocab_size=1000):
+    """Llama/SentencePiece-like BPE: <unk>=0 <s>=1 </s>=2, <0x00>..<0xFF>=3..258, then the learned
+    pieces; byte_fallback, Metaspace pre-tokenizer, Llama's decoder, and a TemplateProcessing
+    post-processor adding <s>."""
+    n_fixed = 3 + 256
+    tmp = Tokenizer(models.BPE(unk_token="<unk>"))
+    # split=True only while training (merges never cross a word start); the saved tokenizer uses
+    # split=False like transformers' Llama conversion, which gives the same pieces.
+    tmp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - n_fixed,
+        min_frequency=2,
+        # rare characters (most emoji, some CJK, a few ASCII letters) go through byte fallback
+        limit_alphabet=deterministic_alphabet_limit(tmp.pre_tokenizer, 150),
+        special_tokens=[],
+        show_progress=False,
+    )
+    tmp.train_from_iterator(corpus_lines(), trainer)
+    trained = json.loads(tmp.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "),
+        decoders.ByteFallback(),
+        decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+    ])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s>:0 $A:0",
+        pair="<s>:0 $A:0 <s>:1 $B:1",
+        special_tokens=[("<s>", 1)],
+    )
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return tok
+
+
+def wrap_tokenizer(kind, eos_token):
+    if kind == "llama":
+        tok = train_llama_tokenizer()
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token="<s>",
+            eos_token="</s>",
+            unk_token="<unk>",
+            model_max_length=MAX_POS,
+            clean_up_tokenization_spaces=False,
+        )
+    tok = train_bytelevel_tokenizer()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=eos_token,
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=MAX_POS,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=136,  # not a multiple of 16 on purpose
+    num_hidden_layers=2,
+    max_position_embeddings=MAX_POS,
+    hidden_act="silu",
+)
+
+MODELS = {
+    "llama": dict(
+        seed=1001,
+        tokenizer="llama",
+        config_cls=LlamaConfig,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<s>", eos="</s>"),
+        gen_eos="single",
+        old_style_config=True,  # rope_theta / torch_dtype at the top level, like pre-v5 checkpoints
+    ),
+    "mistral": dict(
+        seed=2002,
+        tokenizer="llama",
+        config_cls=MistralConfig,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            sliding_window=24,
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<s>", eos="</s>"),
+        gen_eos="single",
+        old_style_config=False,
+    ),
+    "qwen2": dict(
+        seed=3003,
+        tokenizer="bytelevel",
+        config_cls=Qwen2Config,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos=None, eos="<|endoftext|>"),
+        gen_eos="single",
+        old_style_config=False,
+    ),
+    "qwen3": dict(
+        seed=4004,
+        tokenizer="bytelevel",
+        config_cls=Qwen3Config,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # != hidden_size / num_attention_heads = 16
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+            attention_bias=False,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos=None, eos="<|im_end|>"),
+        gen_eos="list",  # eos_token_id = [<|im_end|>, <|endoftext|>] like Qwen3
+        old_style_config=False,
+    ),
+}
+
+
+def randomise_norms_and_biases(model, gen):
+    """Non-trivial RMSNorm weights and biases so that bugs in those paths change the output."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name == "model.norm.weight":
+                # larger final norm: logits with std ~5, so greedy top1-top2 margins are not tiny
+                p.copy_(torch.empty(p.shape).uniform_(2.0, 4.0, generator=gen))
+            elif name.endswith("norm.weight"):
+                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+
+
+def build_model(name, spec, folder):
+    tok = wrap_tokenizer(spec["tokenizer"], spec["tokens"]["eos"])
+    vocab_size = len(tok)
+    if spec["tokens"]["bos"]:
+        bos_id = tok.convert_tokens_to_ids(spec["tokens"]["bos"])
+    else:
+        # like Qwen2.5/Qwen3's config.json: bos_token_id = <|endoftext|> although the tokenizer adds no BOS
+        bos_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    eos_id = tok.convert_tokens_to_ids(spec["tokens"]["eos"])
+    pad_id = tok.pad_token_id
+    if spec["gen_eos"] == "list":
+        eos = [eos_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    else:
+        eos = eos_id
+
+    cfg = spec["config_cls"](
+        vocab_size=vocab_size,
+        bos_token_id=bos_id,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+        **COMMON,
+        **spec["config"],
+    )
+    torch.manual_seed(spec["seed"])
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(spec["seed"] + 7)
+    randomise_norms_and_biases(model, gen)
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+        do_sample=False,
+    )
+    model = model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return cfg
+
+
+def rewrite_config_old_style(folder):
+    """Rewrite config.json the way pre-v5 transformers wrote it: rope_theta and torch_dtype at the
+    top level instead of rope_parameters / dtype."""
+    path = os.path.join(folder, "config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    rope = cfg.pop("rope_parameters")
+    assert rope.get("rope_type", "default") == "default", rope
+    out = {}
+    for k, v in cfg.items():
+        if k == "dtype":
+            out["torch_dtype"] = v
+        else:
+            out[k] = v
+    out["rope_theta"] = rope["rope_theta"]
+    out["rope_scaling"] = None
+    out = dict(sorted(out.items()))
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Reference computation
+# --------------------------------------------------------------------------------------------
+
+def load_f32(folder, **overrides):
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", **overrides
+    )
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def last_logits(model, ids):
+    out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+    return out.logits[0, -1].to(torch.float32)
+
+
+def margin(logits):
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+@torch.no_grad()
+def greedy(model, prompt_ids, n):
+    """Greedy decoding by hand, full forward (no KV cache) at every step, never stopping at EOS."""
+    ids = list(prompt_ids)
+    first = None
+    out, margins = [], []
+    for step in range(n):
+        logits = last_logits(model, ids)
+        if step == 0:
+            first = logits
+        nxt = int(torch.argmax(logits))
+        margins.append(margin(logits))
+        out.append(nxt)
+        ids.append(nxt)
+    return first, out, margins
+
+
+@torch.no_grad()
+def greedy_cached(model, prompt_ids, n):
+    """Same greedy decoding through the KV cache (prefill, then one token per step)."""
+    # transformers 5.2x renamed past_key_values -> cache (argument and output field)
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=True)
+    past, logits = getattr(out, key), out.logits[0, -1]
+    first, toks = logits, []
+    for _ in range(n):
+        nxt = int(torch.argmax(logits))
+        toks.append(nxt)
+        out = model(input_ids=torch.tensor([[nxt]], dtype=torch.long), use_cache=True, **{key: past})
+        past, logits = getattr(out, key), out.logits[0, -1]
+    return first, toks
+
+
+def f32_list(t):
+    # repr of the Python float of each float32 value: exact round trip to f32
+    return [float(x) for x in t.numpy().astype(np.float32)]
+
+
+def make_one(name, spec, out_root):
+    folder = os.path.join(out_root, name)
+    build_model(name, spec, folder)
+    if spec["old_style_config"]:
+        before = load_f32(folder)
+        rewrite_config_old_style(folder)
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    raw = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    assert len(tok) == raw.get_vocab_size(with_added_tokens=True)
+    model = load_f32(folder)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+    if spec["old_style_config"]:
+        # the older top-level config must load to the same model
+        assert model.config.rope_parameters["rope_theta"] == before.config.rope_parameters["rope_theta"], (
+            model.config.rope_parameters, before.config.rope_parameters)
+        probe = tok(PROMPTS[3])["input_ids"]
+        assert torch.equal(last_logits(model, probe), last_logits(before, probe)), "old-style config changed logits"
+        del before
+
+    cases = []
+    for prompt in PROMPTS:
+        enc = tok(prompt)
+        prompt_ids = list(enc["input_ids"])
+        # the bare tokenizer.json (what a `tokenizers`-crate consumer sees) must agree with AutoTokenizer
+        raw_ids = raw.encode(prompt, add_special_tokens=True).ids
+        assert raw_ids == prompt_ids, (name, prompt, raw_ids, prompt_ids)
+        assert raw.decode(prompt_ids, skip_special_tokens=True) == prompt, (name, prompt)
+        if spec["tokens"]["bos"]:
+            assert prompt_ids[0] == tok.bos_token_id and prompt_ids.count(tok.bos_token_id) == 1, prompt_ids[:4]
+        else:
+            assert tok.bos_token_id is None or prompt_ids[0] != tok.bos_token_id
+        assert len(prompt_ids) + N_GREEDY < MAX_POS, (name, len(prompt_ids))
+        first, out, margins = greedy(model, prompt_ids, N_GREEDY)
+        greedy_text = tok.decode(out, skip_special_tokens=False)
+        assert greedy_text == raw.decode(out, skip_special_tokens=False), (name, out)
+        cases.append({
+            "prompt": prompt,
+            "prompt_token_ids": prompt_ids,
+            "greedy_token_ids": out,
+            "greedy_text": greedy_text,
+            "last_logits": f32_list(first),
+            "step_logits_argmax_margin": margins,
+        })
+
+    # Cross-check: sdpa attention + KV cache (another summation order) must give the same tokens.
+    other = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    worst = 0.0
+    for c in cases:
+        first, toks = greedy_cached(other, c["prompt_token_ids"], N_GREEDY)
+        assert toks == c["greedy_token_ids"], (name, c["prompt"], toks, c["greedy_token_ids"])
+        worst = max(worst, float((first - torch.tensor(c["last_logits"])).abs().max()))
+    checks = {"sdpa_kv_cache_same_tokens_last_logits_max_abs_diff": worst}
+    del other
+
+    long_len = len(cases[3]["prompt_token_ids"])
+    assert long_len > 2 * PREFILL_BLOCK, (name, long_len)
+
+    if spec["config"].get("sliding_window"):
+        checks.update(check_sliding_window(folder, model, tok, spec["config"]["sliding_window"]))
+
+    golden = {
+        "model": name,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "tokenizers_version": tokenizers.__version__,
+        "safetensors_version": safetensors.__version__,
+        "seed": spec["seed"],
+        "cases": cases,
+    }
+    with open(os.path.join(folder, "golden.json"), "w", encoding="utf-8") as f:
+        json.dump(golden, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+    mins = [min(c["step_logits_argmax_margin"]) for c in cases]
+    return {
+        "name": name,
+        "vocab_size": len(tok),
+        "prompt_lens": [len(c["prompt_token_ids"]) for c in cases],
+        "min_margin": min(mins),
+        "min_margin_per_prompt": mins,
+        "distinct_greedy": [len(set(c["greedy_token_ids"])) for c in cases],
+        "checks": checks,
+    }
+
+
+@torch.no_grad()
+def check_sliding_window(folder, model, tok, window):
+    """HF must really apply the window in float32 eager attention: the long prompt's logits must
+    change when the window is removed, and a prompt of exactly `window` tokens must not."""
+    full = load_f32(folder, sliding_window=None)
+    assert full.config.sliding_window is None
+    long_ids = tok(PROMPTS[3])["input_ids"]
+    a, b = last_logits(model, long_ids), last_logits(full, long_ids)
+    long_diff = float((a - b).abs().max())
+    assert long_diff > 1e-3, f"sliding window not applied (max |diff| {long_diff})"
+    # window semantics: query i sees keys j with i - window < j <= i
+    n_eq = last_logits(model, long_ids[:window]), last_logits(full, long_ids[:window])
+    n_gt = last_logits(model, long_ids[: window + 1]), last_logits(full, long_ids[: window + 1])
+    eq_diff = float((n_eq[0] - n_eq[1]).abs().max())
+    gt_diff = float((n_gt[0] - n_gt[1]).abs().max())
+    assert eq_diff == 0.0, f"window={window} tokens should match full attention ({eq_diff})"
+    assert gt_diff > 0.0, f"window+1 tokens should differ from full attention ({gt_diff})"
+    # sdpa applies the same window (up to rounding)
+    sdpa = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    sdpa_diff = float((last_logits(sdpa, long_ids) - a).abs().max())
+    assert sdpa_diff < 1e-3, f"sdpa and eager disagree on the sliding window ({sdpa_diff})"
+    return {
+        "sliding_window_sdpa_vs_eager_long_prompt_diff": sdpa_diff,
+        "sliding_window_long_prompt_max_abs_logit_diff": long_diff,
+        "sliding_window_len_eq_window_diff": eq_diff,
+        "sliding_window_len_window_plus_1_diff": gt_diff,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
+    ap.add_argument("--only", default=",".join(MODELS))
+    args = ap.parse_args()
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # same summation order whatever the machine's core count
+
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"tokenizers {tokenizers.__version__}, safetensors {safetensors.__version__}")
+    failed = False
+    overall = math.inf
+    for name in args.only.split(","):
+        r = make_one(name, MODELS[name], args.out)
+        overall = min(overall, r["min_margin"])
+        print(f"{name}: vocab {r['vocab_size']}, prompt tokens {r['prompt_lens']}, "
+              f"min margin {r['min_margin']:.6f} (per prompt {[round(m, 6) for m in r['min_margin_per_prompt']]}), "
+              f"distinct greedy tokens {r['distinct_greedy']}")
+        for k, v in r["checks"].items():
+            print(f"  {k}: {v}")
+        if r["min_margin"] < MIN_MARGIN:
+            print(f"ERROR: {name}: greedy margin {r['min_margin']} < {MIN_MARGIN}; change the seed or prompts",
+                  file=sys.stderr)
+            failed = True
+    print(f"minimum greedy margin over all models: {overall:.6f}")
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
