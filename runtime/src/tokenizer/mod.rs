@@ -1,0 +1,538 @@
+//! The tokenizer: Hugging Face `tokenizer.json` files, encoded and decoded exactly as
+//! `transformers` 5's `AutoTokenizer` does, through the `tokenizers` crate.
+//!
+//! What `transformers` 5 does on top of `tokenizer.json`, and so what [`Tokenizer`] does:
+//!
+//! * **BOS/EOS insertion** is decided by the post-processor of `tokenizer.json` alone. The
+//!   `add_bos_token` / `add_eos_token` keys of `tokenizer_config.json` are *ignored* when a
+//!   `tokenizer.json` exists (`PreTrainedTokenizerBase._from_pretrained` drops them), and a
+//!   null post-processor adds nothing.
+//! * **Llama (SentencePiece) tokenizers are rebuilt**: when `tokenizer_class` is
+//!   `LlamaTokenizer`/`LlamaTokenizerFast` and `tokenizer.json` is not byte-level,
+//!   `LlamaTokenizer.__init__` replaces the normalizer, pre-tokenizer, decoder and BPE options
+//!   of the file: no normalizer, a `Metaspace` pre-tokenizer (prepend scheme `first`, or
+//!   `always` with `"legacy": true`, or `never` with `"add_prefix_space": false`), and a
+//!   Replace/ByteFallback/Fuse(/Strip) decoder. This differs from the old files' `Prepend` +
+//!   `Replace` normalizer: no `▁` is prepended after a special token, nor before text that
+//!   already starts with a space. [`Tokenizer`] applies the same rebuild. Other classes
+//!   (`Qwen2Tokenizer`, `PreTrainedTokenizerFast`, …) use `tokenizer.json` as it is (for
+//!   Qwen2 the rebuild gives the same pipeline as the shipped file).
+//! * Tokens that `tokenizer_config.json` names (`added_tokens_decoder`, `bos_token`,
+//!   `eos_token`, `unk_token`, `pad_token`, `sep/cls/mask_token`,
+//!   `additional_special_tokens`/`extra_special_tokens`) and that are not yet added tokens of
+//!   `tokenizer.json` are added (named ones as special), keeping their vocabulary id if they
+//!   have one. Truncation and padding settings of `tokenizer.json` are turned off (HF's
+//!   `tokenizer(text)` does not truncate or pad by default). `split_special_tokens: true` is
+//!   honoured.
+//! * Decoding is the `tokenizers` decoder's output; `clean_up_tokenization_spaces` is not
+//!   applied, as `transformers` 5 ignores it for BPE models (all Llama/Qwen tokenizers).
+//!
+//! End-of-sequence ids ([`Tokenizer::eos_token_ids`]): the id of `tokenizer_config.json`'s
+//! `eos_token`, then those of `generation_config.json`'s `eos_token_id` (a number or a list)
+//! when [`Tokenizer::from_dir`] finds that file; generation should stop at any of them.
+//!
+//! Chat templates: the raw Jinja source is kept ([`Tokenizer::chat_template`]); rendering is
+//! up to the caller. A rendered prompt already holds its special tokens (often `bos_token`
+//! too), so encode it with `add_special_tokens = false`, as `apply_chat_template` does.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokenizers::AddedToken;
+
+mod config;
+#[cfg(test)]
+mod expected;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use stream::TextStreamer;
+
+use config::{TokenSpec, TokenizerConfig, generation_eos_ids};
+
+/// Why a tokenizer could not be loaded or used. The message is one line naming the file and
+/// the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A required file is absent.
+    #[error("{}: not found (a model directory needs a tokenizer.json)", path.display())]
+    Missing {
+        /// The path looked for.
+        path: PathBuf,
+    },
+    /// A file exists but could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is not valid JSON.
+    #[error("{file}: malformed JSON: {message}")]
+    Json {
+        /// The file (its path, or its usual name for in-memory data).
+        file: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A file is JSON but not what a tokenizer file should contain.
+    #[error("{file}: invalid: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `tokenizer.json` describes something the `tokenizers` crate does not implement.
+    #[error("{file}: unsupported tokenizer: {message}")]
+    Unsupported {
+        /// The file.
+        file: String,
+        /// What is not supported.
+        message: String,
+    },
+    /// Encoding failed.
+    #[error("tokenizer: cannot encode text: {0}")]
+    Encode(String),
+    /// Decoding failed (e.g. an id outside the vocabulary with some decoders).
+    #[error("tokenizer: cannot decode ids: {0}")]
+    Decode(String),
+}
+
+/// A loaded tokenizer. Cheap to clone (the data is shared); `Send` and `Sync`.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tok: tokenizers::Tokenizer,
+    bos_token: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token: Option<String>,
+    eos_token_ids: Vec<u32>,
+    pad_token_id: Option<u32>,
+    special_ids: HashSet<u32>,
+    vocab_size: usize,
+    chat_template: Option<String>,
+    named_chat_templates: Vec<(String, String)>,
+    tokenizer_class: Option<String>,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("Tokenizer")
+            .field("class", &i.tokenizer_class)
+            .field("vocab_size", &i.vocab_size)
+            .field("bos_token_id", &i.bos_token_id)
+            .field("eos_token_ids", &i.eos_token_ids)
+            .field("chat_template", &i.chat_template.is_some())
+            .finish()
+    }
+}
+
+/// Joins a multi-line library message into one line.
+fn one_line(message: impl fmt::Display) -> String {
+    message
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, TokenizerError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TokenizerError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer of a model directory: `tokenizer.json` (required),
+    /// `tokenizer_config.json`, `chat_template.jinja` (which wins over the config's
+    /// `chat_template`) and the `eos_token_id` of `generation_config.json`, each if present.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
+        let json_path = dir.join("tokenizer.json");
+        let json = read_optional(&json_path)?.ok_or_else(|| TokenizerError::Missing {
+            path: json_path.clone(),
+        })?;
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config = match read_optional(&config_path)? {
+            Some(bytes) => Some(TokenizerConfig::parse(
+                &config_path.display().to_string(),
+                &bytes,
+            )?),
+            None => None,
+        };
+
+        let template_path = dir.join("chat_template.jinja");
+        let template = match read_optional(&template_path)? {
+            Some(bytes) => Some(
+                String::from_utf8(bytes).map_err(|_| TokenizerError::Invalid {
+                    file: template_path.display().to_string(),
+                    message: "not UTF-8 text".to_string(),
+                })?,
+            ),
+            None => None,
+        };
+
+        let generation_path = dir.join("generation_config.json");
+        let generation_eos = match read_optional(&generation_path)? {
+            Some(bytes) => generation_eos_ids(&generation_path.display().to_string(), &bytes)?,
+            None => Vec::new(),
+        };
+
+        Tokenizer::build(
+            &json_path.display().to_string(),
+            &json,
+            config,
+            template,
+            &generation_eos,
+        )
+    }
+
+    /// Loads a tokenizer from the bytes of a `tokenizer.json` and, optionally, of a
+    /// `tokenizer_config.json`. Errors name the files `tokenizer.json` and
+    /// `tokenizer_config.json`.
+    pub fn from_json_bytes(
+        tokenizer_json: &[u8],
+        tokenizer_config_json: Option<&[u8]>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let config = tokenizer_config_json
+            .map(|bytes| TokenizerConfig::parse("tokenizer_config.json", bytes))
+            .transpose()?;
+        Tokenizer::build("tokenizer.json", tokenizer_json, config, None, &[])
+    }
+
+    fn build(
+        file: &str,
+        json: &[u8],
+        config: Option<TokenizerConfig>,
+        template_file: Option<String>,
+        generation_eos: &[u32],
+    ) -> Result<Tokenizer, TokenizerError> {
+        let config = config.unwrap_or_default();
+        let class = config
+            .tokenizer_class
+            .as_deref()
+            .map(|c| c.strip_suffix("Fast").unwrap_or(c));
+        // As AutoTokenizer: a "LlamaTokenizer" whose file is byte-level loads as is.
+        let llama_rebuild =
+            class == Some("LlamaTokenizer") && !json.windows(11).any(|w| w == b"\"ByteLevel\"");
+
+        let mut tok = if llama_rebuild {
+            let mut value: Value =
+                serde_json::from_slice(json).map_err(|e| TokenizerError::Json {
+                    file: file.to_string(),
+                    message: e.to_string(),
+                })?;
+            if value.pointer("/model/type").and_then(Value::as_str) == Some("BPE") {
+                rebuild_llama(&mut value, &config);
+            }
+            serde_json::from_value::<tokenizers::Tokenizer>(value.clone())
+                .map_err(|e| load_error(file, &value, e))?
+        } else {
+            tokenizers::Tokenizer::from_bytes(json).map_err(|e| {
+                match serde_json::from_slice::<Value>(json) {
+                    Err(json_error) => TokenizerError::Json {
+                        file: file.to_string(),
+                        message: json_error.to_string(),
+                    },
+                    Ok(value) => load_error(file, &value, e),
+                }
+            })?
+        };
+
+        tok.with_truncation(None)
+            .map_err(|e| TokenizerError::Invalid {
+                file: file.to_string(),
+                message: one_line(e),
+            })?;
+        tok.with_padding(None);
+        if config.split_special_tokens {
+            tok.set_encode_special_tokens(true);
+        }
+
+        add_config_tokens(&mut tok, &config).map_err(|e| TokenizerError::Invalid {
+            file: file.to_string(),
+            message: format!(
+                "cannot add the tokens named in tokenizer_config.json: {}",
+                one_line(e)
+            ),
+        })?;
+
+        let added = tok.get_added_tokens_decoder();
+        let special_ids: HashSet<u32> = added
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| *id)
+            .collect();
+        let max_added = added.keys().max().map_or(0, |id| *id as usize + 1);
+        let vocab_size = tok.get_vocab_size(false).max(max_added);
+
+        let id_of =
+            |spec: &Option<TokenSpec>| spec.as_ref().and_then(|t| tok.token_to_id(&t.content));
+        let bos_token_id = id_of(&config.bos_token);
+        let pad_token_id = id_of(&config.pad_token);
+        let mut eos_token_ids = Vec::new();
+        for id in id_of(&config.eos_token)
+            .into_iter()
+            .chain(generation_eos.iter().copied())
+        {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+
+        Ok(Tokenizer {
+            inner: Arc::new(Inner {
+                bos_token: config.bos_token.as_ref().map(|t| t.content.clone()),
+                bos_token_id,
+                eos_token: config.eos_token.as_ref().map(|t| t.content.clone()),
+                eos_token_ids,
+                pad_token_id,
+                special_ids,
+                vocab_size,
+                chat_template: template_file.or(config.chat_template),
+                named_chat_templates: config.named_chat_templates,
+                tokenizer_class: config.tokenizer_class,
+                tok,
+            }),
+        })
+    }
+
+    /// The ids of `text`, exactly as `transformers`' `tokenizer(text)["input_ids"]`
+    /// (`add_special_tokens = true`) or `tokenizer(text, add_special_tokens=False)`.
+    /// Special tokens written in the text (`<|im_start|>`) are recognised either way.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self
+            .inner
+            .tok
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(one_line(e)))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`, as `transformers`' `tokenizer.decode(ids, skip_special_tokens=...)`.
+    /// Ids unknown to the vocabulary are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.inner
+            .tok
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(one_line(e)))
+    }
+
+    /// A streaming decoder; see [`TextStreamer`].
+    pub fn streamer(&self, skip_special_tokens: bool) -> TextStreamer {
+        TextStreamer::new(self, skip_special_tokens)
+    }
+
+    /// The id of a token (vocabulary or added), by its text as stored (`"Ġthe"`, `"▁the"`).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.tok.token_to_id(token)
+    }
+
+    /// The text of a token as stored in the vocabulary (`"Ġthe"`, `"<0x0A>"`).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.tok.id_to_token(id)
+    }
+
+    /// One more than the largest token id (vocabulary and added tokens), the `len(tokenizer)`
+    /// of `transformers`. A model's logits may be wider (padded); the extra ids have no text.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.vocab_size
+    }
+
+    /// The id of `tokenizer_config.json`'s `bos_token`, if it names one. Whether `encode`
+    /// inserts it is up to `tokenizer.json`'s post-processor (see the module documentation).
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos_token_id
+    }
+
+    /// The text of `tokenizer_config.json`'s `bos_token` (for chat templates).
+    pub fn bos_token(&self) -> Option<&str> {
+        self.inner.bos_token.as_deref()
+    }
+
+    /// The ids that end generation: `tokenizer_config.json`'s `eos_token`, then
+    /// `generation_config.json`'s `eos_token_id`(s), without duplicates. Empty if neither names
+    /// one (e.g. [`Tokenizer::from_json_bytes`] without a config).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.inner.eos_token_ids
+    }
+
+    /// The text of `tokenizer_config.json`'s `eos_token` (for chat templates).
+    pub fn eos_token(&self) -> Option<&str> {
+        self.inner.eos_token.as_deref()
+    }
+
+    /// Whether `id` is one of [`Tokenizer::eos_token_ids`].
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.inner.eos_token_ids.contains(&id)
+    }
+
+    /// The id of `tokenizer_config.json`'s `pad_token`, if any.
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.inner.pad_token_id
+    }
+
+    /// Whether `id` is a special added token: one that `decode(.., true)` skips.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.special_ids.contains(&id)
+    }
+
+    /// The chat template's Jinja source: `chat_template.jinja` if the directory has one, else
+    /// `tokenizer_config.json`'s `chat_template` (the one named `"default"` when it is a list).
+    pub fn chat_template(&self) -> Option<&str> {
+        self.inner.chat_template.as_deref()
+    }
+
+    /// A named template of a list-form `chat_template` (e.g. `"tool_use"`).
+    pub fn named_chat_template(&self, name: &str) -> Option<&str> {
+        self.inner
+            .named_chat_templates
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.as_str())
+    }
+
+    /// `tokenizer_config.json`'s `tokenizer_class`, as written.
+    pub fn tokenizer_class(&self) -> Option<&str> {
+        self.inner.tokenizer_class.as_deref()
+    }
+
+    /// The underlying `tokenizers` tokenizer, after the adjustments described in the module
+    /// documentation.
+    pub fn backend(&self) -> &tokenizers::Tokenizer {
+        &self.inner.tok
+    }
+}
+
+/// The error for a `tokenizer.json` that is valid JSON but that the library refused.
+fn load_error(file: &str, value: &Value, e: impl fmt::Display) -> TokenizerError {
+    const MODELS: [&str; 4] = ["BPE", "WordPiece", "WordLevel", "Unigram"];
+    let model_type = value.pointer("/model/type").and_then(Value::as_str);
+    match model_type {
+        Some(t) if !MODELS.contains(&t) => TokenizerError::Unsupported {
+            file: file.to_string(),
+            message: format!("model type \"{t}\" (supported: {})", MODELS.join(", ")),
+        },
+        _ if value.get("model").is_none() => TokenizerError::Invalid {
+            file: file.to_string(),
+            message: "no \"model\" key".to_string(),
+        },
+        _ => {
+            let message = one_line(e);
+            if message.contains("unknown variant") || message.contains("did not match any variant")
+            {
+                TokenizerError::Unsupported {
+                    file: file.to_string(),
+                    message,
+                }
+            } else {
+                TokenizerError::Invalid {
+                    file: file.to_string(),
+                    message,
+                }
+            }
+        }
+    }
+}
+
+/// What `transformers` 5's `LlamaTokenizer.__init__` does to a SentencePiece-style BPE
+/// `tokenizer.json`: keeps vocabulary, merges, added tokens and post-processor, replaces the
+/// rest.
+fn rebuild_llama(value: &mut Value, config: &TokenizerConfig) {
+    let add_prefix_space = config.add_prefix_space.unwrap_or(true);
+    let scheme = match (add_prefix_space, config.legacy.unwrap_or(false)) {
+        (false, _) => "never",
+        (true, true) => "always",
+        (true, false) => "first",
+    };
+    value["normalizer"] = Value::Null;
+    value["pre_tokenizer"] = json!({
+        "type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": false
+    });
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_prefix_space {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    value["decoder"] = json!({"type": "Sequence", "decoders": decoders});
+    if let Some(model) = value.get_mut("model").and_then(Value::as_object_mut) {
+        for (key, v) in [
+            ("dropout", Value::Null),
+            ("unk_token", Value::Null),
+            ("continuing_subword_prefix", Value::Null),
+            ("end_of_word_suffix", Value::Null),
+            ("fuse_unk", Value::Bool(true)),
+            ("byte_fallback", Value::Bool(true)),
+            ("ignore_merges", Value::Bool(false)),
+        ] {
+            model.insert(key.to_string(), v);
+        }
+    }
+}
+
+/// Adds the tokens `tokenizer_config.json` names that `tokenizer.json` does not have among its
+/// added tokens, in `transformers`' order: `added_tokens_decoder` by id, the named special
+/// tokens, then the extra special tokens.
+fn add_config_tokens(
+    tok: &mut tokenizers::Tokenizer,
+    config: &TokenizerConfig,
+) -> tokenizers::Result<()> {
+    let mut present: HashSet<String> = tok
+        .get_added_tokens_decoder()
+        .into_values()
+        .map(|t| t.content)
+        .collect();
+    let decoder_entries = config.added_tokens.iter().map(|(_, t)| (t, false));
+    let named = [
+        &config.bos_token,
+        &config.eos_token,
+        &config.unk_token,
+        &config.pad_token,
+    ]
+    .into_iter()
+    .flatten()
+    .chain(&config.other_named_tokens)
+    .chain(&config.extra_special_tokens)
+    .map(|t| (t, true));
+    for (spec, is_named) in decoder_entries.chain(named) {
+        if present.contains(&spec.content) {
+            continue;
+        }
+        // Python's AddedToken defaults: not special, normalized = not special; a named
+        // special token is always special.
+        let special = is_named || spec.special.unwrap_or(false);
+        let token = AddedToken {
+            content: spec.content.clone(),
+            single_word: spec.single_word,
+            lstrip: spec.lstrip,
+            rstrip: spec.rstrip,
+            normalized: spec.normalized.unwrap_or(!special),
+            special,
+        };
+        if special {
+            tok.add_special_tokens([token])?;
+        } else {
+            tok.add_tokens([token])?;
+        }
+        present.insert(spec.content.clone());
+    }
+    Ok(())
+}
