@@ -10,7 +10,8 @@
 //!    `history` seen `count` times, `logit -= count * frequency_penalty + presence_penalty`.
 //! 4. **Temperature**: `temperature == 0` means greedy: the result is the first index of the
 //!    maximum penalised logit (as `torch.argmax`), the RNG is not used and the other filters do
-//!    not matter. Otherwise every logit is divided by the temperature.
+//!    not matter (`top_k == 1` is greedy too). Otherwise every logit is divided by the
+//!    temperature.
 //! 5. **Top-k** (`top_k > 0`): keep the `k` largest logits.
 //! 6. **Softmax** over what is left.
 //! 7. **Top-p** (nucleus, `top_p < 1`): keep the smallest prefix of the distribution sorted by
@@ -25,6 +26,11 @@
 //! leaves elements in) or the version of `rand` (only the raw ChaCha20 output is used, with our
 //! own seed expansion and float conversion).
 //!
+//! Cost per call for a 152k vocabulary (release build): about 0.2 ms greedy or with top-k
+//! (one pass with a bounded heap), about 1 ms without top-k (a softmax over the vocabulary),
+//! and up to a few ms for a nucleus over a flat distribution without top-k. Buffers are kept
+//! between calls.
+//!
 //! The pure, dense versions of each transform ([`apply_penalties`], [`argmax`], [`softmax`],
 //! [`top_k_filter`], [`top_p_filter`], [`min_p_filter`]) are public; they define the semantics
 //! and the tests check the sampler's faster sparse path against them.
@@ -36,6 +42,10 @@ use rand_chacha::rand_core::{Rng, SeedableRng};
 
 #[cfg(test)]
 mod tests;
+mod transforms;
+
+use transforms::penalize;
+pub use transforms::{apply_penalties, argmax, min_p_filter, softmax, top_k_filter, top_p_filter};
 
 /// How to choose the next token. See the module documentation for the exact pipeline.
 ///
@@ -178,6 +188,67 @@ fn by_weight_desc(a: &Candidate, b: &Candidate) -> Ordering {
     b.weight.total_cmp(&a.weight).then(a.id.cmp(&b.id))
 }
 
+/// The `k` best candidates of `work` (logits; `-inf` ones skipped) with weight `logit / t`,
+/// appended to `out` sorted by [`by_weight_desc`]. One pass with a bounded heap: O(n) when,
+/// as usual, few elements beat the current k-th.
+fn top_k_scan(work: &[f32], k: usize, t: f32, out: &mut Vec<Candidate>) {
+    // `out` is a heap whose root is the worst kept candidate (the greatest in
+    // `by_weight_desc` order).
+    let worse = |a: &Candidate, b: &Candidate| by_weight_desc(a, b) == Ordering::Greater;
+    for (i, &l) in work.iter().enumerate() {
+        if l == f32::NEG_INFINITY {
+            continue;
+        }
+        if out.len() < k {
+            out.push(Candidate {
+                id: i as u32,
+                weight: l / t,
+            });
+            let mut child = out.len() - 1;
+            while child > 0 {
+                let parent = (child - 1) / 2;
+                if !worse(&out[child], &out[parent]) {
+                    break;
+                }
+                out.swap(child, parent);
+                child = parent;
+            }
+            continue;
+        }
+        // A smaller logit cannot beat the worst kept one: its weight is not larger and its id,
+        // scanned later, is larger.
+        let worst = out[0];
+        if l < work[worst.id as usize] {
+            continue;
+        }
+        let c = Candidate {
+            id: i as u32,
+            weight: l / t,
+        };
+        if !worse(&worst, &c) {
+            continue;
+        }
+        out[0] = c;
+        let mut node = 0;
+        loop {
+            let (left, right) = (2 * node + 1, 2 * node + 2);
+            let mut target = node;
+            if left < out.len() && worse(&out[left], &out[target]) {
+                target = left;
+            }
+            if right < out.len() && worse(&out[right], &out[target]) {
+                target = right;
+            }
+            if target == node {
+                break;
+            }
+            out.swap(node, target);
+            node = target;
+        }
+    }
+    out.sort_unstable_by(by_weight_desc);
+}
+
 impl Sampler {
     /// A sampler for these parameters; seeds its RNG from `params.seed`, or from the operating
     /// system when that is `None`.
@@ -264,17 +335,25 @@ impl Sampler {
         assert!(!logits.is_empty(), "Sampler: empty logits");
         let p = self.params;
 
+        let repetition = if p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite() {
+            p.repetition_penalty
+        } else {
+            1.0
+        };
+        let penalties = !history.is_empty()
+            && (repetition != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0);
+        // NaN or negative temperatures read as greedy too (see `validate`).
+        let greedy = p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1;
+        if greedy && !penalties {
+            return Some(argmax(logits) as u32);
+        }
+
         self.work.clear();
         self.work.extend(
             logits
                 .iter()
                 .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
         );
-        let repetition = if p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite() {
-            p.repetition_penalty
-        } else {
-            1.0
-        };
         penalize(
             &mut self.work,
             history,
@@ -283,38 +362,33 @@ impl Sampler {
             p.presence_penalty,
             &mut self.hist,
         );
-
-        // NaN or negative temperatures read as greedy too (see `validate`).
-        if p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1 {
+        if greedy {
             return Some(argmax(&self.work) as u32);
         }
 
+        // Candidates with their logits over the temperature. `sorted` tells whether `cand` is
+        // in `by_weight_desc` order; if not, it is in increasing id order. Either way the
+        // order is a function of the inputs only.
         let t = p.temperature;
         self.cand.clear();
-        self.cand.extend(
-            self.work
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| **l > f32::NEG_INFINITY)
-                .map(|(i, &l)| Candidate {
-                    id: i as u32,
-                    weight: l / t,
-                }),
-        );
+        let sorted = p.top_k > 0;
+        if sorted {
+            top_k_scan(&self.work, p.top_k, t, &mut self.cand);
+        } else {
+            self.cand.extend(
+                self.work
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| **l > f32::NEG_INFINITY)
+                    .map(|(i, &l)| Candidate {
+                        id: i as u32,
+                        weight: l / t,
+                    }),
+            );
+        }
         if self.cand.is_empty() {
             // Every logit is -inf or NaN: nothing to sample from.
             return Some(argmax(&self.work) as u32);
-        }
-
-        // Top-k. `sorted` tells whether `cand` is in `by_weight_desc` order; if not, it is in
-        // increasing id order. Either way the order is a function of the inputs only.
-        let mut sorted = false;
-        if p.top_k > 0 && p.top_k < self.cand.len() {
-            self.cand
-                .select_nth_unstable_by(p.top_k - 1, by_weight_desc);
-            self.cand.truncate(p.top_k);
-            self.cand.sort_unstable_by(by_weight_desc);
-            sorted = true;
         }
 
         // Softmax (unnormalised: the largest weight becomes exactly 1).
@@ -399,175 +473,4 @@ fn rng_from_seed(seed: u64) -> ChaCha20Rng {
 /// A uniform number in `[0, 1)` from the top 53 bits of one 64-bit draw.
 fn uniform01(rng: &mut ChaCha20Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// Applies the repetition, frequency and presence penalties to `logits` in place, as
-/// [`Sampler::sample`] does (see the module documentation). `repetition_penalty` 1 and the
-/// other two 0 leave the logits unchanged; ids of `history` out of range are ignored.
-pub fn apply_penalties(
-    logits: &mut [f32],
-    history: &[u32],
-    repetition_penalty: f32,
-    frequency_penalty: f32,
-    presence_penalty: f32,
-) {
-    let mut scratch = Vec::new();
-    penalize(
-        logits,
-        history,
-        repetition_penalty,
-        frequency_penalty,
-        presence_penalty,
-        &mut scratch,
-    );
-}
-
-fn penalize(
-    logits: &mut [f32],
-    history: &[u32],
-    repetition: f32,
-    frequency: f32,
-    presence: f32,
-    scratch: &mut Vec<u32>,
-) {
-    if history.is_empty() || (repetition == 1.0 && frequency == 0.0 && presence == 0.0) {
-        return;
-    }
-    scratch.clear();
-    scratch.extend_from_slice(history);
-    scratch.sort_unstable();
-    for run in scratch.chunk_by(|a, b| a == b) {
-        let Some(l) = logits.get_mut(run[0] as usize) else {
-            continue;
-        };
-        if repetition != 1.0 {
-            *l = if *l > 0.0 {
-                *l / repetition
-            } else {
-                *l * repetition
-            };
-        }
-        *l -= run.len() as f32 * frequency + presence;
-    }
-}
-
-/// The index of the first maximum of `logits`, as `torch.argmax`; NaN entries never win. An
-/// empty slice, or one of NaN and `-inf` only, gives the first `-inf` or 0.
-pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_value = f32::NAN;
-    for (i, &l) in logits.iter().enumerate() {
-        if !l.is_nan() && (best_value.is_nan() || l > best_value) {
-            best = i;
-            best_value = l;
-        }
-    }
-    best
-}
-
-/// Replaces logits by their softmax probabilities, in place. `-inf` (and NaN) entries get 0;
-/// if any entry is `+inf` those share the mass equally; if all are `-inf`, all stay 0.
-pub fn softmax(values: &mut [f32]) {
-    let max = values
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        values.fill(0.0);
-        return;
-    }
-    for v in values.iter_mut() {
-        *v = if v.is_nan() {
-            0.0
-        } else if max == f32::INFINITY {
-            if *v == f32::INFINITY { 1.0 } else { 0.0 }
-        } else {
-            (*v - max).exp()
-        };
-    }
-    let total: f64 = values.iter().map(|&v| f64::from(v)).sum();
-    for v in values.iter_mut() {
-        *v = (f64::from(*v) / total) as f32;
-    }
-}
-
-/// Keeps the `k` largest logits and sets the others to `-inf`; ties at the boundary go to the
-/// lower index. `k == 0` or `k >= len` keeps everything.
-pub fn top_k_filter(logits: &mut [f32], k: usize) {
-    if k == 0 || k >= logits.len() {
-        return;
-    }
-    let mut order: Vec<Candidate> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| Candidate {
-            id: i as u32,
-            weight: if l.is_nan() { f32::NEG_INFINITY } else { l },
-        })
-        .collect();
-    order.select_nth_unstable_by(k - 1, by_weight_desc);
-    for c in &order[k..] {
-        logits[c.id as usize] = f32::NEG_INFINITY;
-    }
-}
-
-/// Nucleus filter on probabilities (they need not sum to 1: the mass is measured against
-/// their sum): keeps the smallest set of most likely tokens whose mass is at least `p` of the
-/// total, sets the others to 0, and renormalises the kept ones to sum to 1. At least one token
-/// is kept; ties are ordered by lower index first. `p >= 1` only renormalises.
-pub fn top_p_filter(probs: &mut [f32], p: f32) {
-    let total: f64 = probs.iter().map(|&v| f64::from(v)).sum();
-    if total <= 0.0 {
-        return;
-    }
-    if p < 1.0 {
-        let mut order: Vec<Candidate> = probs
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| Candidate {
-                id: i as u32,
-                weight: v,
-            })
-            .collect();
-        order.sort_unstable_by(by_weight_desc);
-        let target = f64::from(p.max(0.0)) * total;
-        let mut acc = 0.0f64;
-        let mut keep = order.len();
-        for (i, c) in order.iter().enumerate() {
-            acc += f64::from(c.weight);
-            if acc >= target {
-                keep = i + 1;
-                break;
-            }
-        }
-        for c in &order[keep..] {
-            probs[c.id as usize] = 0.0;
-        }
-    }
-    renormalize(probs);
-}
-
-/// Min-p filter on probabilities: sets to 0 every probability below `min_p` times the largest
-/// one, and renormalises the kept ones to sum to 1. `min_p <= 0` only renormalises.
-pub fn min_p_filter(probs: &mut [f32], min_p: f32) {
-    if min_p > 0.0 {
-        let max = probs.iter().copied().fold(0.0f32, f32::max);
-        let threshold = min_p * max;
-        for v in probs.iter_mut() {
-            if *v < threshold {
-                *v = 0.0;
-            }
-        }
-    }
-    renormalize(probs);
-}
-
-fn renormalize(probs: &mut [f32]) {
-    let total: f64 = probs.iter().map(|&v| f64::from(v)).sum();
-    if total > 0.0 {
-        for v in probs.iter_mut() {
-            *v = (f64::from(*v) / total) as f32;
-        }
-    }
 }

@@ -347,6 +347,45 @@ fn sparse_path_matches_dense_reference() {
 }
 
 #[test]
+fn ties_are_broken_towards_the_lower_id() {
+    // Logits rounded to integers: many ties at every boundary.
+    let mut lcg = Lcg(4242);
+    let logits: Vec<f32> = lcg.logits(3000, 6.0).iter().map(|l| l.round()).collect();
+    for (top_k, top_p, min_p) in [
+        (5, 1.0, 0.0),
+        (50, 1.0, 0.0),
+        (0, 0.3, 0.0),
+        (7, 0.5, 0.0),
+        (0, 0.2, 0.5),
+    ] {
+        let p = SamplingParams {
+            top_k,
+            top_p,
+            min_p,
+            ..params(0.9, 1)
+        };
+        let want = reference(&p, &logits, &[]);
+        let got = Sampler::new(p).distribution(&logits, &[]);
+        let kept_want: Vec<u32> = (0..3000).filter(|&i| want[i as usize] > 0.0).collect();
+        let mut kept_got: Vec<u32> = got.iter().map(|x| x.0).collect();
+        kept_got.sort_unstable();
+        assert_eq!(
+            kept_got, kept_want,
+            "top_k {top_k} top_p {top_p} min_p {min_p}"
+        );
+    }
+    // With top-k 2 over [1, 3, 3, 3]: tokens 1 and 2 (lower ids first), half each.
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 2,
+        ..params(1.0, 1)
+    });
+    assert_eq!(
+        s.distribution(&[1.0, 3.0, 3.0, 3.0], &[]),
+        vec![(1, 0.5), (2, 0.5)]
+    );
+}
+
+#[test]
 fn large_vocabulary_nucleus_without_top_k() {
     // 150k entries, top-p without top-k: exercises the growing partial selection.
     let mut lcg = Lcg(777);
@@ -582,4 +621,60 @@ fn penalties_change_what_is_sampled() {
     // Token 0's logit 5/100 = 0.05 against 1 and 1: p = e^.05 / (e^.05 + 2e) = 0.162; over
     // 200 draws the count is 32 +- 5, far from the ~193 of an unpenalised loop (p = 0.965).
     assert!(zeros < 80, "{zeros}");
+}
+
+#[test]
+#[ignore = "timing only: cargo test --release -p kiln-runtime --lib sampler_speed -- --ignored --nocapture"]
+fn sampler_speed() {
+    let mut lcg = Lcg(99);
+    let logits = lcg.logits(151_936, 10.0);
+    let history: Vec<u32> = (0..512).map(|i| (i * 7919) % 151_936).collect();
+    let cases = [
+        ("greedy", SamplingParams::greedy()),
+        ("default (top-k 40)", SamplingParams::default()),
+        (
+            "top-p 0.95, no top-k",
+            SamplingParams {
+                top_k: 0,
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            "top-p 0.95, no top-k, no min-p",
+            SamplingParams {
+                top_k: 0,
+                min_p: 0.0,
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            "plain temperature",
+            SamplingParams {
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            "default + penalties",
+            SamplingParams {
+                repetition_penalty: 1.1,
+                frequency_penalty: 0.1,
+                presence_penalty: 0.1,
+                ..SamplingParams::default()
+            },
+        ),
+    ];
+    for (name, p) in cases {
+        let mut s = Sampler::new(SamplingParams { seed: Some(1), ..p });
+        let n = 200;
+        let start = std::time::Instant::now();
+        let mut sum = 0u64;
+        for _ in 0..n {
+            sum += u64::from(s.sample(&logits, &history));
+        }
+        let per = start.elapsed() / n;
+        eprintln!("{name:32} {per:?} per token (checksum {sum})");
+    }
 }

@@ -14,9 +14,11 @@
 //!   `always` with `"legacy": true`, or `never` with `"add_prefix_space": false`), and a
 //!   Replace/ByteFallback/Fuse(/Strip) decoder. This differs from the old files' `Prepend` +
 //!   `Replace` normalizer: no `▁` is prepended after a special token, nor before text that
-//!   already starts with a space. [`Tokenizer`] applies the same rebuild. Other classes
-//!   (`Qwen2Tokenizer`, `PreTrainedTokenizerFast`, …) use `tokenizer.json` as it is (for
-//!   Qwen2 the rebuild gives the same pipeline as the shipped file).
+//!   already starts with a space. [`Tokenizer`] applies the same rebuild. Other classes use
+//!   `tokenizer.json` as it is: exact for `PreTrainedTokenizerFast`/`TokenizersBackend`
+//!   (Llama 3) and `Qwen2Tokenizer` (whose rebuild equals Qwen's shipped pipeline). Not
+//!   emulated: the rebuilds of other classes, e.g. `GPT2Tokenizer` (SmolLM), which
+//!   `transformers` 5 gives a plain `ByteLevel` pre-tokenizer, dropping a `Digits` split.
 //! * Tokens that `tokenizer_config.json` names (`added_tokens_decoder`, `bos_token`,
 //!   `eos_token`, `unk_token`, `pad_token`, `sep/cls/mask_token`,
 //!   `additional_special_tokens`/`extra_special_tokens`) and that are not yet added tokens of

@@ -188,6 +188,11 @@ fn special_token_info_matches_transformers() {
     assert_eq!(llama.id_to_token(243).as_deref(), Some("<0xF0>"));
     assert_eq!(llama.token_to_id("<|user|>"), Some(700));
     assert_eq!(llama.id_to_token(100_000), None);
+    // Ids outside the vocabulary are skipped by decode, as in transformers.
+    assert_eq!(
+        llama.decode(&[437, 100_000, 435], false).unwrap(),
+        "Hello world"
+    );
 
     let qwen = Tokenizer::from_dir(&fixture("qwen-bpe")).unwrap();
     let (bos, eos, len) = QWEN_INFO;
@@ -682,4 +687,75 @@ fn real_qwen_tokenizer_when_available() {
     assert!(tok.is_special(151_643) && tok.is_special(151_645));
     assert!(!tok.is_special(151_667)); // <think> is added but not special
     assert!(tok.chat_template().is_some());
+}
+
+// ---------------------------------------------------------------- the repository's golden models
+
+/// The tiny models of `tests/fixtures/` (made by `scripts/make_golden.py` with
+/// `AutoTokenizer`): prompts encode to `prompt_token_ids`, the greedy ids decode (and stream)
+/// to `greedy_text`, and the sampler's greedy choice on `last_logits` is the first greedy id.
+#[test]
+fn golden_fixture_models() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    for name in ["llama", "mistral", "qwen2", "qwen3"] {
+        let dir = root.join(name);
+        if !dir.join("golden.json").is_file() {
+            eprintln!("{}: no golden.json, skipping", dir.display());
+            continue;
+        }
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let golden = read_json(&dir.join("golden.json"));
+        let ids = |v: &Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        for case in golden["cases"].as_array().unwrap() {
+            let prompt = case["prompt"].as_str().unwrap();
+            let prompt_ids = ids(&case["prompt_token_ids"]);
+            assert_eq!(
+                tok.encode(prompt, true).unwrap(),
+                prompt_ids,
+                "{name}: {prompt:?}"
+            );
+            assert_eq!(tok.decode(&prompt_ids, true).unwrap(), prompt, "{name}");
+
+            let greedy = ids(&case["greedy_token_ids"]);
+            let text = case["greedy_text"].as_str().unwrap();
+            assert_eq!(
+                tok.decode(&greedy, false).unwrap(),
+                text,
+                "{name}: {greedy:?}"
+            );
+            if name.starts_with("qwen") {
+                // Byte-level: the stream is exact even on this random-model gibberish.
+                stream(&tok, &greedy, false);
+            }
+
+            let logits: Vec<f32> = case["last_logits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            assert_eq!(logits.len(), tok.vocab_size(), "{name}");
+            let mut sampler =
+                crate::sampler::Sampler::new(crate::sampler::SamplingParams::greedy());
+            assert_eq!(sampler.sample(&logits, &prompt_ids), greedy[0], "{name}");
+        }
+
+        // EOS: tokenizer_config's eos_token, then generation_config's eos_token_id.
+        let generation = read_json(&dir.join("generation_config.json"));
+        let eos = tok.token_to_id(tok.eos_token().unwrap()).unwrap();
+        assert_eq!(tok.eos_token_ids()[0], eos, "{name}");
+        let listed = match &generation["eos_token_id"] {
+            Value::Array(a) => a.iter().map(|x| x.as_u64().unwrap() as u32).collect(),
+            v => vec![v.as_u64().unwrap() as u32],
+        };
+        for id in listed {
+            assert!(tok.is_eos(id), "{name}: {id}");
+        }
+    }
 }
