@@ -1,6 +1,14 @@
 //! Kiln's runtime: loads a model's files and a compiled library, and generates text with them.
 //! It never needs MLIR: a cached library is opened with `dlopen` and driven from here.
 
+pub mod buffers;
+pub mod engine;
+pub mod generate;
+pub mod library;
 pub mod model;
+pub mod plan;
+pub mod pool;
 pub mod sampler;
 pub mod tokenizer;
+
+pub use engine::{Engine, EngineConfig, EngineError, WeightSource};

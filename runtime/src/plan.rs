@@ -1,0 +1,153 @@
+//! Plans: a [`Graph`] with every kernel bound to its function and every argument to a pointer,
+//! executed by the thread pool. Building a plan does all lookups once; running one does no
+//! allocation, locking or system call.
+
+use crate::library::KernelLibrary;
+use crate::pool::Pool;
+use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::graph::{Arg, Graph};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// A pointer argument, resolved at plan build time except for its row offset.
+#[derive(Clone, Copy)]
+enum Slot {
+    Null,
+    Fixed(*mut u8),
+    /// Row `rows - 1` of a buffer whose rows are `row_bytes` apart.
+    LastRow { base: *mut u8, row_bytes: usize },
+}
+
+impl Slot {
+    fn at(self, rows: usize) -> *mut u8 {
+        match self {
+            Slot::Null => std::ptr::null_mut(),
+            Slot::Fixed(p) => p,
+            // `wrapping_add` keeps this free of UB even for rows = 0, which `run` never passes.
+            Slot::LastRow { base, row_bytes } => base.wrapping_add(rows.saturating_sub(1) * row_bytes),
+        }
+    }
+}
+
+struct Node {
+    f: KernelFn,
+    args: [Slot; PTR_ARGS],
+    barrier_before: bool,
+}
+
+/// Per-node wall time as seen by thread 0, for `KILN_PROFILE=1`.
+pub struct NodeTimes {
+    nanos: Vec<AtomicU64>,
+    runs: AtomicU64,
+}
+
+impl NodeTimes {
+    pub fn nanos(&self) -> Vec<u64> {
+        self.nanos.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    }
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+}
+
+/// An executable plan.
+pub struct Plan {
+    nodes: Vec<Node>,
+    times: Option<NodeTimes>,
+}
+
+// SAFETY: the raw pointers in a plan point into buffers and weights owned by the engine that
+// owns the plan; kernels only touch them through the pool while the engine is borrowed.
+unsafe impl Send for Plan {}
+unsafe impl Sync for Plan {}
+
+/// Where a graph argument lives: a buffer (with the byte length of one of its rows) or a
+/// weight.
+pub enum Resolved {
+    Buffer { base: *mut u8, row_bytes: usize },
+    Weight(*const u8),
+}
+
+impl Plan {
+    /// Binds `graph` against `library`, resolving each argument with `resolve`.
+    pub fn build(
+        graph: &Graph,
+        library: &KernelLibrary,
+        mut resolve: impl FnMut(&Arg) -> Result<Resolved, String>,
+        profile: bool,
+    ) -> Result<Plan, String> {
+        let mut nodes = Vec::with_capacity(graph.steps.len());
+        for step in &graph.steps {
+            let f = library
+                .get(&step.kernel)
+                .ok_or_else(|| format!("library {} lacks kernel {}", library.path().display(), step.kernel.symbol()))?;
+            let mut args = [Slot::Null; PTR_ARGS];
+            for (slot, arg) in args.iter_mut().zip(&step.args) {
+                *slot = match (arg, resolve(arg)?) {
+                    (Arg::LastRow(_), Resolved::Buffer { base, row_bytes }) => Slot::LastRow { base, row_bytes },
+                    (_, Resolved::Buffer { base, .. }) => Slot::Fixed(base),
+                    (_, Resolved::Weight(p)) => Slot::Fixed(p as *mut u8),
+                };
+            }
+            nodes.push(Node { f, args, barrier_before: step.barrier_before });
+        }
+        let times = profile.then(|| NodeTimes { nanos: (0..nodes.len()).map(|_| AtomicU64::new(0)).collect(), runs: AtomicU64::new(0) });
+        Ok(Plan { nodes, times })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+    pub fn times(&self) -> Option<&NodeTimes> {
+        self.times.as_ref()
+    }
+
+    /// Runs every node on every pool thread for a block of `rows` rows starting at `pos`.
+    /// [`Arg::LastRow`] arguments point at row `src_rows - 1` of their buffer: the output head
+    /// runs one row (`rows = 1`) taken from the end of a block of `src_rows` rows.
+    pub fn run(&self, pool: &Pool, rows: usize, pos: usize, src_rows: usize) {
+        assert!(rows >= 1 && src_rows >= 1, "a plan runs on at least one row");
+        let nth = pool.threads() as i64;
+        let (rows_i, pos_i) = (rows as i64, pos as i64);
+        pool.run(&|tid, barrier| {
+            let timed = tid == 0 && self.times.is_some();
+            let mut last = if timed { Some(Instant::now()) } else { None };
+            for (i, node) in self.nodes.iter().enumerate() {
+                if node.barrier_before {
+                    barrier.wait();
+                }
+                if let Some(t) = last.as_mut() {
+                    // Time since the previous node started: its own work plus the wait for
+                    // the slowest thread at the barrier that follows it.
+                    let now = Instant::now();
+                    if i > 0 {
+                        self.add_time(i - 1, now - *t);
+                    }
+                    *t = now;
+                }
+                let a = node.args.map(|s| s.at(src_rows));
+                // SAFETY: `f` has the ABI signature; the pointers were resolved for buffers and
+                // weights sized for this plan's kernels, and `rows`/`pos` were checked by the
+                // engine against those sizes.
+                unsafe { (node.f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], rows_i, pos_i, tid as i64, nth) };
+            }
+            if let Some(times) = &self.times {
+                // Every thread meets here so the last node's time includes its slowest thread.
+                barrier.wait();
+                if let Some(t) = last {
+                    self.add_time(self.nodes.len() - 1, t.elapsed());
+                    times.runs.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+
+    fn add_time(&self, node: usize, d: std::time::Duration) {
+        if let Some(times) = &self.times {
+            times.nanos[node].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}

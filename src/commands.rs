@@ -1,0 +1,263 @@
+//! What each CLI command does, in terms of the session and the crates. Output formatting lives
+//! here; engine logic does not.
+
+use crate::session::{OpenOptions, Session, cache_key, compile_options, ensure_compiled, open_cache};
+use anyhow::{Context as _, Result};
+use kiln_cache::{Cache, Lookup};
+use kiln_runtime::generate::{GenerateOptions, generate};
+use kiln_runtime::model;
+use kiln_runtime::sampler::SamplingParams;
+use kiln_spec::HostCpu;
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub struct CompileArgs {
+    pub model: PathBuf,
+    pub emit_mlir: Option<PathBuf>,
+    pub emit_asm: Option<PathBuf>,
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub json: bool,
+}
+
+pub fn compile(args: &CompileArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let loaded = model::load(&args.model)?;
+    let host = HostCpu::detect();
+    let cache = open_cache(None)?;
+    let opts = OpenOptions {
+        prefill_rows: args.prefill_block,
+        emit_mlir: args.emit_mlir.clone(),
+        emit_asm: args.emit_asm.clone(),
+        threads: args.threads,
+        progress: !args.json,
+        ..OpenOptions::default()
+    };
+    let lib = ensure_compiled(&loaded.spec, &loaded.dir, &host, &cache, &opts)?;
+    let report = json!({
+        "model": loaded.dir.display().to_string(),
+        "cache_key": lib.key.to_string(),
+        "library": lib.path.display().to_string(),
+        "library_bytes": lib.library_bytes,
+        "kernels": lib.kernels,
+        "cache_hit": lib.cache_hit(),
+        "compile_s": lib.compile_seconds,
+        "total_s": t0.elapsed().as_secs_f64(),
+        "mlir_contexts": kiln_compiler::mlir_contexts_created(),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        let state = if lib.cache_hit() { "already compiled".to_string() } else { format!("compiled in {:.2} s", lib.compile_seconds) };
+        println!("{}: {state}", loaded.dir.display());
+        println!("  key      {}", lib.key);
+        println!("  library  {} ({} kernels, {} bytes)", lib.path.display(), lib.kernels, lib.library_bytes);
+        for (what, dir) in [("MLIR", &args.emit_mlir), ("assembly", &args.emit_asm)] {
+            if let Some(d) = dir {
+                println!("  {what} written to {}", d.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+pub struct RunArgs {
+    pub model: PathBuf,
+    pub prompt: String,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub ctx: Option<usize>,
+    pub show_special: bool,
+    pub json: bool,
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    args.sampling.validate()?;
+    let opts = OpenOptions {
+        threads: args.threads,
+        ctx: args.ctx,
+        prefill_rows: args.prefill_block,
+        progress: !args.json,
+        ..OpenOptions::default()
+    };
+    let mut session = Session::open(&args.model, &opts)?;
+    let prompt_ids = session.tokenizer.encode(&args.prompt, true)?;
+    if prompt_ids.is_empty() {
+        anyhow::bail!("the prompt encodes to no tokens");
+    }
+    let ctx = session.engine.ctx();
+    if prompt_ids.len() >= ctx {
+        anyhow::bail!(
+            "the prompt has {} tokens but the context holds {ctx} (model limit {}); shorten the prompt or raise --ctx",
+            prompt_ids.len(),
+            session.spec.max_position_embeddings
+        );
+    }
+    let options = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling: args.sampling,
+        eos_token_ids: session.eos_token_ids(),
+        show_special: args.show_special,
+    };
+    let json = args.json;
+    let stdout = std::io::stdout();
+    let mut on_text = |piece: &str| {
+        if !json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    let tokenizer = session.tokenizer.clone();
+    let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut on_text)?;
+    if json {
+        let report = json!({
+            "prompt_token_ids": generation.prompt_token_ids,
+            "token_ids": generation.token_ids,
+            "text": generation.text,
+            "stop_reason": generation.stop.as_str(),
+            "prefill_tok_s": generation.prefill_tok_s(),
+            "decode_tok_s": generation.decode_tok_s(),
+            "prefill_s": generation.prefill_seconds,
+            "decode_s": generation.decode_seconds,
+            "compile_s": session.library.compile_seconds,
+            "cache_hit": session.library.cache_hit(),
+            "open_s": session.open_seconds,
+            "cache_key": session.library.key.to_string(),
+            "threads": session.engine.threads(),
+            "prefill_block": session.engine.prefill_block(),
+            "seed": generation.seed,
+            "mlir_contexts": kiln_compiler::mlir_contexts_created(),
+        });
+        println!("{report}");
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}]",
+            generation.prompt_token_ids.len(),
+            generation.prefill_tok_s(),
+            generation.token_ids.len(),
+            generation.decode_tok_s(),
+            if session.library.cache_hit() { "cached library".to_string() } else { format!("compiled in {:.2} s", session.library.compile_seconds) },
+        );
+    }
+    Ok(())
+}
+
+pub fn info(path: &Path, prefill_block: Option<usize>, as_json: bool) -> Result<()> {
+    let loaded = model::load(path)?;
+    let spec = &loaded.spec;
+    let host = HostCpu::detect();
+    let options = compile_options(&host, prefill_block);
+    let key = cache_key(spec, &options, &host);
+    let cache = Cache::at(Cache::default_root()?);
+    let state = match cache.lookup(&key)? {
+        Lookup::Hit(entry) => format!("compiled ({})", entry.library_path.display()),
+        Lookup::Missing => "not compiled".to_string(),
+        Lookup::Corrupt(reason) => format!("corrupt entry, will be rebuilt ({reason})"),
+    };
+    let kernels = kiln_compiler::kernel_list(spec, &options).len();
+    let dtypes: std::collections::BTreeSet<String> = kiln_spec::weights::weight_list(spec).iter().map(|w| w.dtype.to_string()).collect();
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "model": loaded.dir.display().to_string(),
+                "architecture": loaded.config.architecture,
+                "spec": spec,
+                "parameters": spec.param_count(),
+                "weight_bytes_per_token": spec.weight_bytes_per_token(),
+                "eos_token_ids": loaded.config.eos_token_ids,
+                "bos_token_id": loaded.config.bos_token_id,
+                "kernels": kernels,
+                "cache_key": key.to_string(),
+                "cache_state": state,
+            })
+        );
+        return Ok(());
+    }
+    println!("model        {}", loaded.dir.display());
+    println!("architecture {} ({})", loaded.config.architecture, spec.arch.name());
+    println!("layers       {}", spec.num_layers());
+    println!("hidden       {} (intermediate {})", spec.hidden_size, spec.intermediate_size);
+    println!("attention    {} heads, {} kv heads, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    println!("vocabulary   {}", spec.vocab_size);
+    println!("context      {} positions, rope theta {}", spec.max_position_embeddings, spec.rope.theta);
+    println!("embeddings   {}", if spec.tie_word_embeddings { "tied" } else { "untied" });
+    println!("weights      {} ({})", dtypes.into_iter().collect::<Vec<_>>().join(", "), human_bytes(kiln_spec::weights::weight_list(spec).iter().map(|w| w.bytes() as u64).sum()));
+    println!("parameters   {} ({:.1} M)", spec.param_count(), spec.param_count() as f64 / 1e6);
+    println!("read/token   {} of weights per decoded token", human_bytes(spec.weight_bytes_per_token()));
+    println!("kernels      {kernels} distinct (prefill block {} rows, {} f32 lanes)", options.prefill_rows, options.f32_lanes);
+    println!("cache key    {key}");
+    println!("cache        {state}");
+    Ok(())
+}
+
+pub fn cache_list(as_json: bool) -> Result<()> {
+    let cache = Cache::at(Cache::default_root()?);
+    let entries = cache.list()?;
+    if as_json {
+        let items: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "key": e.key.to_string(),
+                    "dir": e.dir.display().to_string(),
+                    "bytes": e.bytes_on_disk,
+                    "valid": e.is_valid(),
+                    "problem": e.problem,
+                    "model": e.info().and_then(|i| i.get("model")).cloned(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return Ok(());
+    }
+    if entries.is_empty() {
+        println!("cache {} is empty", cache.root().display());
+        return Ok(());
+    }
+    println!("cache {}", cache.root().display());
+    for e in &entries {
+        let model = e.info().and_then(|i| i.get("model")).and_then(|m| m.as_str()).unwrap_or("?").to_string();
+        let status = e.problem.clone().unwrap_or_else(|| "ok".into());
+        println!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk));
+    }
+    Ok(())
+}
+
+pub fn cache_clean(key: Option<&str>) -> Result<()> {
+    let root = Cache::default_root()?;
+    if !root.exists() {
+        println!("cache {} is empty", root.display());
+        return Ok(());
+    }
+    let cache = Cache::open(root).context("opening the cache")?;
+    match key {
+        Some(k) => {
+            let removed = cache.remove(k)?;
+            println!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk));
+        }
+        None => {
+            let report = cache.clean_all()?;
+            println!("removed {} entries, freed {}", report.entries_removed.len(), human_bytes(report.bytes_freed));
+        }
+    }
+    Ok(())
+}
+
+fn human_bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", units[u]) }
+}
+

@@ -1,0 +1,5 @@
+//! The `kiln` package: the glue between the compiler, the cache and the runtime, and the
+//! implementation of the CLI's commands.
+
+pub mod commands;
+pub mod session;

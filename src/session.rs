@@ -1,0 +1,236 @@
+//! Joins the three crates: a model folder → its spec → the cache key → a cached library (compiled
+//! on a miss) → an engine bound to the model's weights.
+//!
+//! The cache key is computed from plain data (spec, options, versions, the host CPU as the
+//! kernel reports it), so a hit never touches MLIR or LLVM.
+
+use anyhow::{Context as _, Result, anyhow};
+use kiln_cache::{BuildOutput, Cache, Key, Status};
+use kiln_runtime::engine::{Engine, EngineConfig, EngineError, WeightSource};
+use kiln_runtime::library::LibraryError;
+use kiln_runtime::model::{self, LoadedModel, ModelConfig, Weights};
+use kiln_runtime::tokenizer::Tokenizer;
+use kiln_spec::{CompileOptions, HostCpu, ModelSpec, WeightId, abi};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// File name of the library inside a cache entry.
+pub const LIBRARY_NAME: &str = "libkiln.so";
+
+/// How to open a model.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    pub threads: Option<usize>,
+    pub ctx: Option<usize>,
+    /// Rows per prefill block (a compile-time constant of the prefill kernels).
+    pub prefill_rows: Option<usize>,
+    /// Cache folder; default from the environment (see [`Cache::default_root`]).
+    pub cache_dir: Option<PathBuf>,
+    pub emit_mlir: Option<PathBuf>,
+    pub emit_asm: Option<PathBuf>,
+    /// Print compile progress on stderr.
+    pub progress: bool,
+}
+
+/// The compiled library for a model on this machine.
+#[derive(Clone, Debug)]
+pub struct CompiledLibrary {
+    pub key: Key,
+    pub path: PathBuf,
+    pub status: Status,
+    /// Seconds spent compiling in this process (0 on a cache hit).
+    pub compile_seconds: f64,
+    pub kernels: usize,
+    pub library_bytes: u64,
+}
+
+impl CompiledLibrary {
+    pub fn cache_hit(&self) -> bool {
+        matches!(self.status, Status::Hit)
+    }
+}
+
+/// The model's weights as the engine sees them.
+struct ModelWeights(Weights);
+
+impl WeightSource for ModelWeights {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
+        self.0.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
+    }
+}
+
+/// The compile options for `spec` on this host.
+pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOptions {
+    let mut options = CompileOptions::for_host(host);
+    if let Some(rows) = prefill_rows {
+        options.prefill_rows = rows.max(1);
+    }
+    options
+}
+
+/// The cache key of the library for `spec` compiled with `options` on `host`.
+pub fn cache_key(spec: &ModelSpec, options: &CompileOptions, host: &HostCpu) -> Key {
+    let spec_json = serde_json::to_string(spec).expect("spec serialises");
+    let options_json = serde_json::to_string(options).expect("options serialise");
+    let cpu_json = serde_json::to_string(host).expect("cpu serialises");
+    let abi = abi::ABI_VERSION.to_string();
+    let pipeline = kiln_compiler::PIPELINE_VERSION.to_string();
+    Key::from_parts(&[
+        ("spec", &spec_json),
+        ("options", &options_json),
+        ("kiln_version", env!("CARGO_PKG_VERSION")),
+        ("abi_version", &abi),
+        ("pipeline_version", &pipeline),
+        ("llvm_version", kiln_compiler::LLVM_VERSION),
+        ("cpu", &cpu_json),
+    ])
+}
+
+/// Opens the cache named by `dir` or the environment.
+pub fn open_cache(dir: Option<&Path>) -> Result<Cache> {
+    let root = match dir {
+        Some(d) => d.to_path_buf(),
+        None => Cache::default_root()?,
+    };
+    Ok(Cache::open(root)?)
+}
+
+/// Finds the library for `spec` in the cache, compiling and publishing it on a miss (or when the
+/// entry is corrupt). With `emit_*` set, the kernels' MLIR/assembly are written even on a hit.
+pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache: &Cache, opts: &OpenOptions) -> Result<CompiledLibrary> {
+    let options = compile_options(host, opts.prefill_rows);
+    let key = cache_key(spec, &options, host);
+    let mut compile_seconds = 0.0;
+    let kernels = kiln_compiler::kernel_list(spec, &options).len();
+    let progress = |done: usize, total: usize| {
+        eprint!("\rcompiling {} kernels for {}: {done}/{total}", kernels, model_dir.display());
+        if done == total {
+            eprintln!();
+        }
+    };
+    let run_compiler = |out_dir: &Path| -> Result<kiln_compiler::CompileReport> {
+        let report = kiln_compiler::compile(&kiln_compiler::CompileRequest {
+            spec,
+            options: &options,
+            out_dir,
+            library_name: LIBRARY_NAME,
+            emit_mlir: opts.emit_mlir.as_deref(),
+            emit_asm: opts.emit_asm.as_deref(),
+            threads: None,
+            progress: if opts.progress { Some(&progress) } else { None },
+        })?;
+        Ok(report)
+    };
+    let outcome = cache.get_or_build(&key, |staging| -> Result<BuildOutput> {
+        let t0 = Instant::now();
+        let report = run_compiler(staging)?;
+        compile_seconds = t0.elapsed().as_secs_f64();
+        let kernels: Vec<_> = report
+            .kernels
+            .iter()
+            .map(|k| json!({"symbol": k.symbol, "family": k.family, "seconds": k.seconds, "object_bytes": k.object_bytes}))
+            .collect();
+        Ok(BuildOutput::new(
+            LIBRARY_NAME,
+            json!({
+                "model": model_dir.display().to_string(),
+                "arch": spec.arch.name(),
+                "spec": spec,
+                "options": options,
+                "cpu": host,
+                "llvm_cpu": report.llvm_cpu,
+                "llvm_features": report.llvm_features,
+                "llvm_version": kiln_compiler::LLVM_VERSION,
+                "abi_version": abi::ABI_VERSION,
+                "pipeline_version": kiln_compiler::PIPELINE_VERSION,
+                "compile_seconds": report.seconds,
+                "kernels": kernels,
+            }),
+        ))
+    })?;
+    if let Status::Rebuilt { reason } = &outcome.status {
+        eprintln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it");
+    }
+    if matches!(outcome.status, Status::Hit) && (opts.emit_mlir.is_some() || opts.emit_asm.is_some()) {
+        // The dumps were asked for but the library came from the cache: compile again into a
+        // scratch folder for the dumps only.
+        let scratch = tempfile::tempdir().context("creating a scratch folder for --emit-mlir/--emit-asm")?;
+        run_compiler(scratch.path())?;
+    }
+    Ok(CompiledLibrary {
+        key,
+        path: outcome.entry.library_path.clone(),
+        status: outcome.status,
+        compile_seconds,
+        kernels,
+        library_bytes: outcome.entry.meta.library_bytes,
+    })
+}
+
+/// A model ready to generate: tokenizer, compiled library and engine.
+pub struct Session {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub spec: ModelSpec,
+    pub tokenizer: Tokenizer,
+    pub engine: Engine,
+    pub library: CompiledLibrary,
+    /// Seconds from the start of `open` to an engine ready for its first kernel call.
+    pub open_seconds: f64,
+}
+
+impl Session {
+    /// Loads the model at `path`, finds or compiles its library, and builds the engine.
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Session> {
+        let t0 = Instant::now();
+        let LoadedModel { dir, config, spec, weights } = model::load(path)?;
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        let host = HostCpu::detect();
+        let cache = open_cache(opts.cache_dir.as_deref())?;
+        let weights: Arc<dyn WeightSource> = Arc::new(ModelWeights(weights));
+        let engine_config = EngineConfig { threads: opts.threads, ctx: opts.ctx, ..EngineConfig::default() };
+        let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
+        let options = compile_options(&host, opts.prefill_rows);
+        let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
+            Err(EngineError::Library(e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }))) => {
+                // The entry passed its hash check but cannot be used: drop it and rebuild once.
+                eprintln!("warning: cached library {} is unusable ({e}); rebuilding", library.path.display());
+                cache.remove(&library.key.to_string())?;
+                library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
+                Engine::new(&spec, &options, &library.path, weights, &engine_config)?
+            }
+            other => other?,
+        };
+        Ok(Session { dir, config, spec, tokenizer, engine, library, open_seconds: t0.elapsed().as_secs_f64() })
+    }
+
+    /// EOS ids: the model config's and the tokenizer's, merged.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        let mut ids = self.config.eos_token_ids.clone();
+        for &id in self.tokenizer.eos_token_ids() {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+}
+
+/// Turns an `anyhow` error chain into one line for the CLI.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+/// Error for a model path that does not exist, naming it.
+pub fn missing_model(path: &Path) -> anyhow::Error {
+    anyhow!("model {} not found (expected a Hugging Face model folder with config.json)", path.display())
+}
