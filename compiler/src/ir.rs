@@ -253,6 +253,8 @@ impl<'c, 'a> Kb<'c, 'a> {
                 let shifted = self.op1("arith.shli", &[wide, sixteen], t32, &[]);
                 self.op1("arith.bitcast", &[shifted], tf, &[])
             }
+            // `compile` rejects kernels over quantised weights before emitting anything.
+            q => unreachable!("{q} weights have no element-wise load"),
         }
     }
     /// Loads one i32 and returns it as an index.

@@ -104,6 +104,12 @@ pub fn kernel_list(spec: &ModelSpec, options: &CompileOptions) -> Vec<Kernel> {
 pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
     let start = Instant::now();
     let kernels = kernel_list(req.spec, req.options);
+    if let Some(w) = kiln_spec::weights::weight_list(req.spec).iter().find(|w| w.dtype.is_quantized()) {
+        return Err(CompileError::Setup(format!(
+            "{} is stored as {}, which has no kernel yet; load the model with dequantisation to bf16 or f32",
+            w.id, w.dtype
+        )));
+    }
     let host = HostTarget::detect();
     let objects_dir = req.out_dir.join(".objects");
     std::fs::create_dir_all(&objects_dir).map_err(io_err(&objects_dir))?;
@@ -178,7 +184,7 @@ fn compile_one(kernel: Option<&Kernel>, req: &CompileRequest, host: &HostTarget,
     }
     lower::lower_to_llvm(&ctx, &mut module).map_err(|e| fail(format!("{e}: {}", diagnostics.borrow().join("; "))))?;
     let tm = llvm::TargetMachine::new(host, req.options.f32_lanes * 32).map_err(&fail)?;
-    let out = tm.compile(&module, req.emit_asm.is_some(), false).map_err(&fail)?;
+    let out = tm.compile(&module, req.emit_asm.is_some()).map_err(&fail)?;
     ctx.detach_diagnostic_handler(handler);
     if let (Some(dir), Some(asm)) = (req.emit_asm, &out.assembly) {
         let path = dir.join(format!("{symbol}.s"));

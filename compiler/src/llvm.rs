@@ -64,7 +64,6 @@ unsafe extern "C" {
     fn LLVMContextCreate() -> LLVMContextRef;
     fn LLVMContextDispose(context: LLVMContextRef);
     fn LLVMDisposeModule(module: LLVMModuleRef);
-    fn LLVMPrintModuleToString(module: LLVMModuleRef) -> *mut c_char;
     fn LLVMGetFirstFunction(module: LLVMModuleRef) -> LLVMValueRef;
     fn LLVMGetNextFunction(function: LLVMValueRef) -> LLVMValueRef;
     fn LLVMCreateStringAttribute(context: LLVMContextRef, key: *const c_char, key_len: u32, value: *const c_char, value_len: u32) -> LLVMAttributeRef;
@@ -147,7 +146,6 @@ impl HostTarget {
 pub struct CodegenOutput {
     pub object: Vec<u8>,
     pub assembly: Option<String>,
-    pub llvm_ir: Option<String>,
 }
 
 /// A target machine for the host, owned by one thread (LLVM target machines are not shared).
@@ -184,7 +182,7 @@ impl TargetMachine {
 
     /// Translates an MLIR module (already in the LLVM dialect) to LLVM IR, optimises it at O3
     /// and emits an object file.
-    pub fn compile(&self, module: &melior::ir::Module, want_asm: bool, want_ir: bool) -> Result<CodegenOutput, String> {
+    pub fn compile(&self, module: &melior::ir::Module, want_asm: bool) -> Result<CodegenOutput, String> {
         // SAFETY: the LLVM context and module are created and disposed in this function; the
         // MLIR operation is valid for the duration of the translation call.
         unsafe {
@@ -194,7 +192,7 @@ impl TargetMachine {
                 LLVMContextDispose(ctx);
                 return Err("translation from the MLIR LLVM dialect to LLVM IR failed".into());
             }
-            let result = self.optimise_and_emit(ctx, llmod, want_asm, want_ir);
+            let result = self.optimise_and_emit(ctx, llmod, want_asm);
             LLVMDisposeModule(llmod);
             LLVMContextDispose(ctx);
             result
@@ -203,7 +201,7 @@ impl TargetMachine {
 
     /// # Safety
     /// `ctx` and `llmod` must be a live LLVM context and a module created in it.
-    unsafe fn optimise_and_emit(&self, ctx: LLVMContextRef, llmod: LLVMModuleRef, want_asm: bool, want_ir: bool) -> Result<CodegenOutput, String> {
+    unsafe fn optimise_and_emit(&self, ctx: LLVMContextRef, llmod: LLVMModuleRef, want_asm: bool) -> Result<CodegenOutput, String> {
         // SAFETY: (whole body) all handles are live per the function contract; every buffer and
         // message LLVM returns is released before returning.
         unsafe {
@@ -222,10 +220,9 @@ impl TargetMachine {
                 LLVMDisposeErrorMessage(msg);
                 return Err(format!("LLVM optimisation failed: {text}"));
             }
-            let llvm_ir = want_ir.then(|| take_message(LLVMPrintModuleToString(llmod)));
             let object = self.emit(llmod, FILE_OBJECT)?;
             let assembly = if want_asm { Some(String::from_utf8_lossy(&self.emit(llmod, FILE_ASSEMBLY)?).into_owned()) } else { None };
-            Ok(CodegenOutput { object, assembly, llvm_ir })
+            Ok(CodegenOutput { object, assembly })
         }
     }
 
