@@ -1,7 +1,7 @@
 //! What each CLI command does, in terms of the session and the crates. Output formatting lives
 //! here; engine logic does not.
 
-use crate::session::{OpenOptions, Session, cache_key, compile_options, ensure_compiled, open_cache};
+use crate::session::{OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache};
 use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
 use kiln_runtime::generate::{GenerateOptions, generate};
@@ -84,19 +84,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
         progress: !args.json,
         ..OpenOptions::default()
     };
-    let mut session = Session::open(&args.model, &opts)?;
-    let prompt_ids = session.tokenizer.encode(&args.prompt, true)?;
+    let prepared = PreparedModel::load(&args.model)?;
+    let prompt_ids = prepared.tokenizer.encode(&args.prompt, true)?;
     if prompt_ids.is_empty() {
         anyhow::bail!("the prompt encodes to no tokens");
     }
-    let ctx = session.engine.ctx();
-    if prompt_ids.len() >= ctx {
+    let ctx = prepared.ctx(&opts)?;
+    if prompt_ids.len() > ctx {
         anyhow::bail!(
             "the prompt has {} tokens but the context holds {ctx} (model limit {}); shorten the prompt or raise --ctx",
             prompt_ids.len(),
-            session.spec.max_position_embeddings
+            prepared.spec.max_position_embeddings
         );
     }
+    let mut session = prepared.into_session(&opts)?;
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling,

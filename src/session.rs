@@ -61,6 +61,10 @@ impl WeightSource for ModelWeights {
     }
 }
 
+fn engine_config(opts: &OpenOptions) -> EngineConfig {
+    EngineConfig { threads: opts.threads, ctx: opts.ctx, ..EngineConfig::default() }
+}
+
 /// The compile options for `spec` on this host.
 pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOptions {
     let mut options = CompileOptions::for_host(host);
@@ -104,12 +108,15 @@ pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache
     let key = cache_key(spec, &options, host);
     let mut compile_seconds = 0.0;
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
-    let progress = |done: usize, total: usize| {
-        eprint!("\rcompiling {} kernels for {}: {done}/{total}", kernels, model_dir.display());
-        if done == total {
-            eprintln!();
-        }
-    };
+    // Hidden automatically when stderr is not a terminal.
+    let bar = if opts.progress { indicatif::ProgressBar::new(kernels as u64 + 1) } else { indicatif::ProgressBar::hidden() };
+    let bar = bar.with_style(
+        indicatif::ProgressStyle::with_template("compiling {msg} [{bar:30}] {pos}/{len} kernels ({elapsed})")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(spec.arch.name());
+    let progress = |done: usize, _total: usize| bar.set_position(done as u64);
     let run_compiler = |out_dir: &Path| -> Result<kiln_compiler::CompileReport> {
         let report = kiln_compiler::compile(&kiln_compiler::CompileRequest {
             spec,
@@ -127,6 +134,7 @@ pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache
         let t0 = Instant::now();
         let report = run_compiler(staging)?;
         compile_seconds = t0.elapsed().as_secs_f64();
+        bar.finish_and_clear();
         let kernels: Vec<_> = report
             .kernels
             .iter()
@@ -181,16 +189,39 @@ pub struct Session {
     pub open_seconds: f64,
 }
 
-impl Session {
-    /// Loads the model at `path`, finds or compiles its library, and builds the engine.
-    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Session> {
-        let t0 = Instant::now();
+/// A model read and checked, with its tokenizer, before any library is compiled or loaded:
+/// the place to reject a prompt that cannot fit before paying for a compile.
+pub struct PreparedModel {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub spec: ModelSpec,
+    pub tokenizer: Tokenizer,
+    weights: Arc<dyn WeightSource>,
+    started: Instant,
+}
+
+impl PreparedModel {
+    /// Reads the model at `path` (config, weight headers, tokenizer).
+    pub fn load(path: &Path) -> Result<PreparedModel> {
+        let started = Instant::now();
         let LoadedModel { dir, config, spec, weights } = model::load(path)?;
         let tokenizer = Tokenizer::from_dir(&dir)?;
+        Ok(PreparedModel { dir, config, spec, tokenizer, weights: Arc::new(ModelWeights(weights)), started })
+    }
+
+    /// The KV-cache capacity an engine opened with `opts` will have.
+    pub fn ctx(&self, opts: &OpenOptions) -> Result<usize> {
+        Ok(engine_config(opts).resolved_ctx(&self.spec)?)
+    }
+
+    /// Finds or compiles the library and builds the engine.
+    pub fn into_session(self, opts: &OpenOptions) -> Result<Session> {
+        let PreparedModel { dir, config, spec, tokenizer, weights, started } = self;
         let host = HostCpu::detect();
         let cache = open_cache(opts.cache_dir.as_deref())?;
-        let weights: Arc<dyn WeightSource> = Arc::new(ModelWeights(weights));
-        let engine_config = EngineConfig { threads: opts.threads, ctx: opts.ctx, ..EngineConfig::default() };
+        let engine_config = engine_config(opts);
+        // Reject a bad --ctx before paying for a compile.
+        engine_config.resolved_ctx(&spec)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
         let options = compile_options(&host, opts.prefill_rows);
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
@@ -203,7 +234,14 @@ impl Session {
             }
             other => other?,
         };
-        Ok(Session { dir, config, spec, tokenizer, engine, library, open_seconds: t0.elapsed().as_secs_f64() })
+        Ok(Session { dir, config, spec, tokenizer, engine, library, open_seconds: started.elapsed().as_secs_f64() })
+    }
+}
+
+impl Session {
+    /// Loads the model at `path`, finds or compiles its library, and builds the engine.
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Session> {
+        PreparedModel::load(path)?.into_session(opts)
     }
 
     /// EOS ids: the model config's and the tokenizer's, merged.

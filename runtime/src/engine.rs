@@ -39,6 +39,19 @@ impl Default for EngineConfig {
 /// Default KV-cache capacity when the model allows more.
 pub const DEFAULT_CTX: usize = 4096;
 
+impl EngineConfig {
+    /// The KV-cache capacity this configuration gives an engine for `spec`: the requested one
+    /// if the model allows it, else `min(max_position_embeddings, DEFAULT_CTX)`.
+    pub fn resolved_ctx(&self, spec: &ModelSpec) -> Result<usize, EngineError> {
+        let max = spec.max_position_embeddings;
+        match self.ctx {
+            Some(requested) if requested > max => Err(EngineError::CtxTooLarge { requested, max }),
+            Some(requested) => Ok(requested.max(1)),
+            None => Ok(max.min(DEFAULT_CTX)),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -82,11 +95,7 @@ impl Engine {
         weights: Arc<dyn WeightSource>,
         config: &EngineConfig,
     ) -> Result<Engine, EngineError> {
-        let max = spec.max_position_embeddings;
-        let ctx = config.ctx.unwrap_or(max.min(DEFAULT_CTX));
-        if ctx > max {
-            return Err(EngineError::CtxTooLarge { requested: ctx, max });
-        }
+        let ctx = config.resolved_ctx(spec)?;
         let block_rows = options.prefill_rows;
         let kernels = graph::kernel_set(spec, block_rows);
         let library = KernelLibrary::open(library, &kernels)?;

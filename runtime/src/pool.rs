@@ -79,6 +79,9 @@ unsafe impl Send for JobPtr {}
 pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// The caller's affinity before it was pinned, restored on drop so the pool does not
+    /// leave the embedding program's thread tied to one core.
+    caller_affinity: Option<Affinity>,
 }
 
 impl Pool {
@@ -97,12 +100,7 @@ impl Pool {
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
         });
-        if let Some(cores) = cores {
-            if let Some(&c) = cores.first() {
-                pin_current_thread(c);
-            }
-        }
-        let workers = (1..n)
+        let workers: Vec<JoinHandle<()>> = (1..n)
             .map(|tid| {
                 let shared = shared.clone();
                 let core = cores.and_then(|c| c.get(tid).copied());
@@ -117,7 +115,13 @@ impl Pool {
                     .expect("spawn a compute thread")
             })
             .collect();
-        Pool { shared, workers }
+        // Pin the caller last, so the workers are spawned with its original affinity.
+        let caller_affinity = cores.and_then(|c| c.first()).map(|&c| {
+            let saved = Affinity::current();
+            pin_current_thread(c);
+            saved
+        });
+        Pool { shared, workers, caller_affinity }
     }
 
     pub fn threads(&self) -> usize {
@@ -163,6 +167,37 @@ impl Drop for Pool {
         }
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+        if let Some(a) = self.caller_affinity.take() {
+            a.restore();
+        }
+    }
+}
+
+/// A thread's CPU affinity mask, saved to be restored.
+struct Affinity {
+    #[cfg(target_os = "linux")]
+    set: libc::cpu_set_t,
+}
+
+impl Affinity {
+    fn current() -> Affinity {
+        #[cfg(target_os = "linux")]
+        // SAFETY: `set` is zero-initialised and sized for the call; pid 0 is this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            Affinity { set }
+        }
+        #[cfg(not(target_os = "linux"))]
+        Affinity {}
+    }
+
+    fn restore(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: `set` was filled by sched_getaffinity; pid 0 is this thread.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.set);
         }
     }
 }
@@ -240,7 +275,14 @@ pub fn physical_cores() -> Vec<usize> {
     cores
 }
 
+/// The CPUs this process may use, read once: later reads on a pinned thread would see only
+/// its own core.
 fn allowed_cpus() -> Vec<usize> {
+    static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    ALLOWED.get_or_init(read_allowed_cpus).clone()
+}
+
+fn read_allowed_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     // SAFETY: `set` is zero-initialised and sized for the call; pid 0 is this thread.
     unsafe {

@@ -1,0 +1,313 @@
+//! End-to-end runs of the `kiln` binary on the committed fixture models: JSON output, the
+//! compile cache (hits never touch MLIR, corrupt entries are rebuilt, concurrent compiles both
+//! succeed), `--emit-mlir`/`--emit-asm`, and one clear error per kind of bad input.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn kiln(cache: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("KILN_CACHE_DIR", cache)
+        .env_remove("KILN_PROFILE")
+        .output()
+        .expect("kiln runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn run_json(cache: &Path, model: &Path, prompt: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["run", model.to_str().unwrap(), "--prompt", prompt, "--temperature", "0", "--max-tokens", "8", "--json", "--threads", "2"];
+    args.extend_from_slice(extra);
+    let o = kiln(cache, &args);
+    assert!(o.status.success(), "kiln run failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is one JSON object ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// Folders under the cache root that are entries (32-hex-digit names).
+fn entries(cache: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(cache) else { return vec![] };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().unwrap().to_str().unwrap().len() == 32)
+        .collect();
+    v.sort();
+    v
+}
+
+/// Anything under the cache root other than finished entries and lock files.
+fn leftovers(cache: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(cache) else { return vec![] };
+    rd.filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn second_run_is_a_cache_hit_without_mlir() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("qwen3");
+    let first = run_json(cache.path(), &model, "Hello there", &[]);
+    for field in ["prompt_token_ids", "token_ids", "text", "prefill_tok_s", "decode_tok_s", "compile_s", "cache_hit"] {
+        assert!(first.get(field).is_some(), "--json lacks {field}");
+    }
+    assert_eq!(first["cache_hit"], false);
+    assert!(first["compile_s"].as_f64().unwrap() > 0.0);
+    assert!(first["mlir_contexts"].as_u64().unwrap() > 0, "a miss compiles");
+
+    let second = run_json(cache.path(), &model, "Hello there", &[]);
+    assert_eq!(second["cache_hit"], true);
+    assert_eq!(second["compile_s"].as_f64().unwrap(), 0.0);
+    assert_eq!(second["mlir_contexts"], 0, "a cache hit must not create any MLIR context");
+    assert_eq!(first["token_ids"], second["token_ids"]);
+    assert_eq!(entries(cache.path()).len(), 1);
+}
+
+#[test]
+fn corrupt_or_truncated_library_is_detected_and_rebuilt() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let reference = run_json(cache.path(), &model, "The weather", &[]);
+    let entry = entries(cache.path()).pop().unwrap();
+    let lib = entry.join("libkiln.so");
+    let len = std::fs::metadata(&lib).unwrap().len();
+
+    // Truncated.
+    let bytes = std::fs::read(&lib).unwrap();
+    std::fs::write(&lib, &bytes[..bytes.len() / 3]).unwrap();
+    let o = kiln(cache.path(), &["run", model.to_str().unwrap(), "--prompt", "The weather", "--temperature", "0", "--max-tokens", "8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("corrupt"), "the rebuild is reported: {}", stderr(&o));
+    let rebuilt: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rebuilt["cache_hit"], false);
+    assert_eq!(rebuilt["token_ids"], reference["token_ids"]);
+
+    // Same size, garbage content.
+    std::fs::write(&lib, vec![0x5au8; len as usize]).unwrap();
+    let again = run_json(cache.path(), &model, "The weather", &[]);
+    assert_eq!(again["cache_hit"], false);
+    assert_eq!(again["token_ids"], reference["token_ids"]);
+
+    // Missing meta.json.
+    std::fs::remove_file(entry.join("meta.json")).unwrap();
+    let again = run_json(cache.path(), &model, "The weather", &[]);
+    assert_eq!(again["cache_hit"], false);
+    assert!(leftovers(cache.path()).is_empty(), "no staging or trash left: {:?}", leftovers(cache.path()));
+}
+
+#[test]
+fn two_processes_compiling_the_same_model_both_succeed() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("mistral");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["compile", model.to_str().unwrap(), "--json"])
+            .env("KILN_CACHE_DIR", cache.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert!(b.status.success(), "{}", stderr(&b));
+    let ja: Value = serde_json::from_slice(&a.stdout).unwrap();
+    let jb: Value = serde_json::from_slice(&b.stdout).unwrap();
+    assert_eq!(ja["cache_key"], jb["cache_key"]);
+    // Exactly one of them compiled; the other waited for the lock and found the entry.
+    assert_eq!([ja["cache_hit"].as_bool().unwrap(), jb["cache_hit"].as_bool().unwrap()].iter().filter(|h| **h).count(), 1);
+    assert_eq!(entries(cache.path()).len(), 1);
+    let run = run_json(cache.path(), &model, "Once upon a time", &[]);
+    assert_eq!(run["cache_hit"], true);
+}
+
+#[test]
+fn emit_mlir_and_asm_show_the_baked_constants() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (mlir, asm) = (out.path().join("mlir"), out.path().join("asm"));
+    let model = fixture("qwen2");
+    let o = kiln(cache.path(), &["compile", model.to_str().unwrap(), "--emit-mlir", mlir.to_str().unwrap(), "--emit-asm", asm.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mlir_files: Vec<_> = std::fs::read_dir(&mlir).unwrap().map(|e| e.unwrap().path()).collect();
+    let asm_files: Vec<_> = std::fs::read_dir(&asm).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(mlir_files.len() >= 10 && mlir_files.len() == asm_files.len());
+    // The tied output head: vocabulary x hidden, in bf16, as a static shape.
+    let head = mlir_files
+        .iter()
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("kiln_matmul_n1003_k64_bf16_decode"))
+        .expect("the output-head kernel's MLIR");
+    let text = std::fs::read_to_string(head).unwrap();
+    assert!(text.contains("memref<1003x64xbf16>"), "dimensions are constants in the MLIR");
+    assert!(asm_files.iter().any(|p| std::fs::read_to_string(p).unwrap().contains("vfmadd")), "FMA code for the host");
+
+    // Asking again on a cache hit still writes the dumps.
+    let again = out.path().join("again");
+    let o = kiln(cache.path(), &["compile", model.to_str().unwrap(), "--emit-mlir", again.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert_eq!(std::fs::read_dir(&again).unwrap().count(), mlir_files.len());
+}
+
+#[test]
+fn info_and_cache_commands() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let o = kiln(cache.path(), &["info", model.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let info: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(info["cache_state"], "not compiled");
+    assert_eq!(info["spec"]["hidden_size"], 64);
+    assert!(info["parameters"].as_u64().unwrap() > 100_000);
+    // Untied: both embedding and head are read per token... only one embedding row.
+    assert!(info["weight_bytes_per_token"].as_u64().unwrap() < 2 * info["parameters"].as_u64().unwrap());
+    let key = info["cache_key"].as_str().unwrap().to_string();
+    assert!(!cache.path().join(&key).exists(), "info creates nothing");
+
+    run_json(cache.path(), &model, "hi", &[]);
+    let o = kiln(cache.path(), &["info", model.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("compiled ("));
+    let o = kiln(cache.path(), &["cache", "list"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&key));
+    let o = kiln(cache.path(), &["clean-cache", &key[..8]]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(entries(cache.path()).is_empty());
+    run_json(cache.path(), &model, "hi", &[]);
+    let o = kiln(cache.path(), &["cache", "clean", "--all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(entries(cache.path()).is_empty());
+}
+
+/// A copy of a fixture in a temp folder, to break.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+/// Runs `kiln run` on a broken model and checks the error contract: non-zero exit, one line on
+/// stderr containing every `needle`, no panic, no cache entry.
+fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
+    let mut args = vec!["run", model.to_str().unwrap(), "--prompt", "hello", "--max-tokens", "4"];
+    args.extend_from_slice(extra);
+    let o = kiln(cache, &args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "expected failure, got success");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("compiling")).collect();
+    assert_eq!(lines.len(), 1, "one line of error: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "error should mention {n:?}: {err}");
+    }
+    assert!(entries(cache).is_empty() || extra.contains(&"--ctx"), "no cache entry for a bad model");
+    assert!(leftovers(cache).is_empty(), "nothing half-written: {:?}", leftovers(cache));
+}
+
+#[test]
+fn missing_and_malformed_config() {
+    let cache = tempfile::tempdir().unwrap();
+    let missing = tempfile::tempdir().unwrap().path().join("nope");
+    expect_error(&missing, cache.path(), &[], &["nope"]);
+
+    let m = copy_fixture("llama");
+    std::fs::remove_file(m.path().join("config.json")).unwrap();
+    expect_error(m.path(), cache.path(), &[], &["config.json"]);
+
+    let m = copy_fixture("llama");
+    std::fs::write(m.path().join("config.json"), "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,").unwrap();
+    expect_error(m.path(), cache.path(), &[], &["config.json", "line"]);
+
+    let m = copy_fixture("llama");
+    let text = std::fs::read_to_string(m.path().join("config.json")).unwrap().replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    let text = text.replace("\"model_type\": \"llama\"", "\"model_type\": \"gpt2\"");
+    std::fs::write(m.path().join("config.json"), text).unwrap();
+    expect_error(m.path(), cache.path(), &[], &["config.json", "GPT2LMHeadModel"]);
+}
+
+/// Rewrites the fixture's safetensors with `edit` applied to its tensor list.
+fn rewrite_tensors(dir: &Path, edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
+        st.tensors().into_iter().map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+#[test]
+fn bad_tensors() {
+    let cache = tempfile::tempdir().unwrap();
+    let name = "model.layers.1.mlp.up_proj.weight";
+
+    let m = copy_fixture("llama");
+    rewrite_tensors(m.path(), |t| t.retain(|(n, ..)| n != name));
+    expect_error(m.path(), cache.path(), &[], &[name, "model.safetensors"]);
+
+    let m = copy_fixture("llama");
+    rewrite_tensors(m.path(), |t| {
+        let e = t.iter_mut().find(|(n, ..)| n == name).unwrap();
+        e.2 = vec![68, 128]; // 136 x 64 reshaped: same bytes, wrong shape
+    });
+    expect_error(m.path(), cache.path(), &[], &[name, "[68, 128]", "[136, 64]"]);
+
+    let m = copy_fixture("llama");
+    rewrite_tensors(m.path(), |t| {
+        let e = t.iter_mut().find(|(n, ..)| n == name).unwrap();
+        e.1 = safetensors::Dtype::I16;
+    });
+    expect_error(m.path(), cache.path(), &[], &[name, "I16"]);
+
+    let m = copy_fixture("llama");
+    let path = m.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    expect_error(m.path(), cache.path(), &[], &["model.safetensors", "truncated"]);
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("qwen2");
+    let long = "words and more words ".repeat(200);
+    // Longer than the model's 512 positions.
+    let o = kiln(cache.path(), &["run", model.to_str().unwrap(), "--prompt", &long, "--max-tokens", "4"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("tokens") && err.contains("context") && !err.contains("panicked"), "{err}");
+    // And against a smaller --ctx.
+    expect_error(&model, cache.path(), &["--ctx", "2"], &["context", "--ctx"]);
+    // --ctx beyond the model's limit.
+    expect_error(&model, cache.path(), &["--ctx", "100000"], &["max_position_embeddings"]);
+}
+
+#[test]
+fn unwritable_cache_folder() {
+    let base = tempfile::tempdir().unwrap();
+    // A cache path below a regular file can be created by nobody, root included.
+    let file = base.path().join("not-a-folder");
+    std::fs::write(&file, "x").unwrap();
+    let cache = file.join("cache");
+    let o = kiln(&cache, &["run", fixture("llama").to_str().unwrap(), "--prompt", "hello", "--max-tokens", "2"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.starts_with("error: ") && err.lines().count() == 1 && !err.contains("panicked"), "{err}");
+    assert!(err.contains(cache.to_str().unwrap()), "names the folder: {err}");
+}

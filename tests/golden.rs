@@ -1,0 +1,159 @@
+//! Kiln against Hugging Face `transformers` in float32: every committed fixture model (Llama,
+//! Mistral with a sliding window, Qwen2 with biases and tied embeddings, Qwen3 with q/k norms)
+//! is compiled, and for every golden prompt the greedy continuation must be token-for-token
+//! identical and the last-position logits within 1e-3.
+//!
+//! Goldens come from `scripts/make_golden.py`; nothing here uses the network or `../shared`.
+
+use kiln::session::{OpenOptions, Session};
+use kiln_runtime::sampler::argmax;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const MODELS: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+const LOGIT_TOLERANCE: f32 = 1e-3;
+
+#[derive(Deserialize)]
+struct Golden {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt: String,
+    prompt_token_ids: Vec<u32>,
+    greedy_token_ids: Vec<u32>,
+    last_logits: Vec<f32>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn golden(name: &str) -> Golden {
+    let text = std::fs::read_to_string(fixture(name).join("golden.json")).expect("golden.json");
+    serde_json::from_str(&text).expect("golden.json parses")
+}
+
+/// One cache folder for the whole test binary, so each library is compiled once.
+fn cache_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("temp cache")).path()
+}
+
+fn open(name: &str, threads: usize, prefill_rows: Option<usize>) -> Session {
+    let opts = OpenOptions {
+        threads: Some(threads),
+        prefill_rows,
+        cache_dir: Some(cache_dir().to_path_buf()),
+        ..OpenOptions::default()
+    };
+    Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "logit vectors differ in length");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Greedy continuation of `n` tokens, ignoring EOS (as the goldens were recorded).
+fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    session.engine.reset();
+    let first_logits = session.engine.prefill(prompt).expect("prefill").to_vec();
+    let mut out = vec![argmax(&first_logits) as u32];
+    while out.len() < n {
+        let logits = session.engine.decode(*out.last().unwrap()).expect("decode");
+        out.push(argmax(logits) as u32);
+    }
+    (out, first_logits)
+}
+
+/// Checks every case of `name`; returns the largest logit difference seen.
+fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
+    let mut session = open(name, threads, prefill_rows);
+    let mut worst = 0.0f32;
+    for (i, case) in golden(name).cases.iter().enumerate() {
+        let ids = session.tokenizer.encode(&case.prompt, true).expect("encode");
+        assert_eq!(ids, case.prompt_token_ids, "{name} case {i}: tokenisation differs from transformers");
+        let (tokens, logits) = greedy(&mut session, &ids, case.greedy_token_ids.len());
+        let diff = max_abs_diff(&logits, &case.last_logits);
+        worst = worst.max(diff);
+        assert!(diff <= LOGIT_TOLERANCE, "{name} case {i}: last-position logits differ by {diff} (> {LOGIT_TOLERANCE})");
+        assert_eq!(tokens, case.greedy_token_ids, "{name} case {i}: greedy continuation differs from transformers");
+    }
+    eprintln!("{name} (threads {threads}, prefill block {prefill_rows:?}): max |logit diff| = {worst:e}");
+    worst
+}
+
+#[test]
+fn greedy_output_and_logits_match_transformers() {
+    for name in MODELS {
+        check_model(name, 2, None);
+    }
+}
+
+#[test]
+fn long_prompt_spans_many_small_prefill_blocks() {
+    // The long golden prompt has ~270 tokens: with 8-row blocks that is 34 blocks and a
+    // partial one, exercising block boundaries, the sliding window across blocks and the
+    // head reading the last row of a partial block.
+    for name in ["mistral", "qwen3"] {
+        let long = golden(name).cases.iter().map(|c| c.prompt_token_ids.len()).max().unwrap();
+        assert!(long > 64 * 4, "{name}: the golden set needs a prompt longer than several default blocks");
+        check_model(name, 2, Some(8));
+    }
+}
+
+#[test]
+fn single_thread_gives_bitwise_identical_logits() {
+    // Threads only partition the work; every output is computed by the same instructions.
+    for name in ["llama", "qwen2"] {
+        let case = &golden(name).cases[1];
+        let mut one = open(name, 1, None);
+        let mut two = open(name, 2, None);
+        let a = one.engine.prefill(&case.prompt_token_ids).unwrap().to_vec();
+        let b = two.engine.prefill(&case.prompt_token_ids).unwrap().to_vec();
+        assert_eq!(a, b, "{name}: logits depend on the thread count");
+    }
+}
+
+#[test]
+fn prefill_and_decode_agree_position_by_position() {
+    for name in MODELS {
+        let case = golden(name).cases.into_iter().max_by_key(|c| c.prompt_token_ids.len()).unwrap();
+        let ids = &case.prompt_token_ids;
+        let mut session = open(name, 2, None);
+        // Decode the whole prompt one token at a time after a one-token prefill, keeping the
+        // logits at every position.
+        session.engine.reset();
+        let mut decoded = vec![session.engine.prefill(&ids[..1]).unwrap().to_vec()];
+        for &t in &ids[1..] {
+            decoded.push(session.engine.decode(t).unwrap().to_vec());
+        }
+        let mut worst = 0.0f32;
+        for t in [0, 1, 7, 63, 64, 65, 130, ids.len() - 1] {
+            session.engine.reset();
+            let prefilled = session.engine.prefill(&ids[..=t]).unwrap().to_vec();
+            let diff = max_abs_diff(&prefilled, &decoded[t]);
+            worst = worst.max(diff);
+            assert!(diff <= 1e-5, "{name}: position {t}: prefill and decode logits differ by {diff}");
+        }
+        eprintln!("{name}: prefill vs decode max |diff| = {worst:e}");
+    }
+}
+
+#[test]
+fn generation_continues_across_prefill_calls() {
+    // Prefilling a prompt in two calls must equal prefilling it at once (the chat path
+    // prefills only each turn's new tokens).
+    let case = &golden("qwen2").cases[3];
+    let ids = &case.prompt_token_ids;
+    let mut session = open("qwen2", 2, None);
+    let whole = session.engine.prefill(ids).unwrap().to_vec();
+    session.engine.reset();
+    session.engine.prefill(&ids[..100]).unwrap();
+    let split = session.engine.prefill(&ids[100..]).unwrap().to_vec();
+    assert!(max_abs_diff(&whole, &split) <= 1e-5);
+    assert_eq!(session.engine.position(), ids.len());
+}
