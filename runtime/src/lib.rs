@@ -4,6 +4,7 @@
 pub mod buffers;
 pub mod engine;
 pub mod generate;
+pub mod hub;
 pub mod library;
 pub mod model;
 pub mod plan;
