@@ -2,6 +2,7 @@
 //! It never needs MLIR: a cached library is opened with `dlopen` and driven from here.
 
 pub mod buffers;
+pub mod chat_template;
 pub mod engine;
 pub mod generate;
 pub mod hub;
