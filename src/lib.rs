@@ -1,5 +1,6 @@
 //! The `kiln` package: the glue between the compiler, the cache and the runtime, and the
 //! implementation of the CLI's commands.
 
+pub mod bench;
 pub mod commands;
 pub mod session;

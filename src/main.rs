@@ -62,6 +62,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure prefill and decode speed on a synthetic prompt (greedy, medians over reps).
+    Bench {
+        model: PathBuf,
+        #[arg(long, default_value_t = 148)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 64)]
+        gen_tokens: usize,
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        #[command(flatten)]
+        build: BuildArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure this machine's read bandwidth and FMA throughput with Kiln-compiled kernels.
+    Probe {
+        /// Passes per measurement (the best is kept).
+        #[arg(long, default_value_t = 10)]
+        passes: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Inspect or clean the compiled-library cache.
     Cache {
         #[command(subcommand)]
@@ -161,6 +183,16 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
         }),
         Command::Info { model, build, json } => commands::info(&model, build.prefill_block, json),
+        Command::Probe { passes, json } => commands::probe(passes, json),
+        Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json } => kiln::bench::bench(&kiln::bench::BenchArgs {
+            model,
+            prompt_tokens,
+            gen_tokens,
+            reps,
+            threads: build.threads,
+            prefill_block: build.prefill_block,
+            json,
+        }),
         Command::Cache { action: CacheAction::List { json } } => commands::cache_list(json),
         Command::Cache { action: CacheAction::Clean(c) } | Command::CleanCache(c) => match (c.key, c.all) {
             (Some(_), true) => bail!("give either a KEY or --all, not both"),

@@ -79,17 +79,10 @@ pub fn cache_key(spec: &ModelSpec, options: &CompileOptions, host: &HostCpu) -> 
     let spec_json = serde_json::to_string(spec).expect("spec serialises");
     let options_json = serde_json::to_string(options).expect("options serialise");
     let cpu_json = serde_json::to_string(host).expect("cpu serialises");
-    let abi = abi::ABI_VERSION.to_string();
-    let pipeline = kiln_compiler::PIPELINE_VERSION.to_string();
-    Key::from_parts(&[
-        ("spec", &spec_json),
-        ("options", &options_json),
-        ("kiln_version", env!("CARGO_PKG_VERSION")),
-        ("abi_version", &abi),
-        ("pipeline_version", &pipeline),
-        ("llvm_version", kiln_compiler::LLVM_VERSION),
-        ("cpu", &cpu_json),
-    ])
+    let toolchain = toolchain_key_parts();
+    let mut parts: Vec<(&str, &str)> = vec![("spec", &spec_json), ("options", &options_json), ("cpu", &cpu_json)];
+    parts.extend(toolchain.iter().map(|(k, v)| (*k, v.as_str())));
+    Key::from_parts(&parts)
 }
 
 /// Opens the cache named by `dir` or the environment.
@@ -105,9 +98,37 @@ pub fn open_cache(dir: Option<&Path>) -> Result<Cache> {
 /// entry is corrupt). With `emit_*` set, the kernels' MLIR/assembly are written even on a hit.
 pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache: &Cache, opts: &OpenOptions) -> Result<CompiledLibrary> {
     let options = compile_options(host, opts.prefill_rows);
-    let key = cache_key(spec, &options, host);
+    let request = LibraryRequest {
+        key: cache_key(spec, &options, host),
+        kernels: kiln_compiler::model_kernels(spec, &options)?,
+        options,
+        label: spec.arch.name().to_string(),
+        info: json!({
+            "model": model_dir.display().to_string(),
+            "arch": spec.arch.name(),
+            "spec": spec,
+        }),
+    };
+    ensure_library(&request, host, cache, opts)
+}
+
+/// A kernel library to find in the cache or build.
+pub struct LibraryRequest {
+    pub key: Key,
+    pub kernels: Vec<kiln_spec::Kernel>,
+    pub options: CompileOptions,
+    /// Shown in the progress bar.
+    pub label: String,
+    /// Recorded in `meta.json` (merged with the compiler's report).
+    pub info: serde_json::Value,
+}
+
+/// Finds `req.key` in the cache or compiles `req.kernels` into it.
+pub fn ensure_library(req: &LibraryRequest, host: &HostCpu, cache: &Cache, opts: &OpenOptions) -> Result<CompiledLibrary> {
+    let key = req.key;
+    let options = &req.options;
     let mut compile_seconds = 0.0;
-    let kernels = kiln_compiler::kernel_list(spec, &options).len();
+    let kernels = req.kernels.len();
     // Hidden automatically when stderr is not a terminal.
     let bar = if opts.progress { indicatif::ProgressBar::new(kernels as u64 + 1) } else { indicatif::ProgressBar::hidden() };
     let bar = bar.with_style(
@@ -115,12 +136,12 @@ pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache
             .expect("static template")
             .progress_chars("=> "),
     );
-    bar.set_message(spec.arch.name());
+    bar.set_message(req.label.clone());
     let progress = |done: usize, _total: usize| bar.set_position(done as u64);
     let run_compiler = |out_dir: &Path| -> Result<kiln_compiler::CompileReport> {
         let report = kiln_compiler::compile(&kiln_compiler::CompileRequest {
-            spec,
-            options: &options,
+            kernels: &req.kernels,
+            options,
             out_dir,
             library_name: LIBRARY_NAME,
             emit_mlir: opts.emit_mlir.as_deref(),
@@ -140,23 +161,22 @@ pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache
             .iter()
             .map(|k| json!({"symbol": k.symbol, "family": k.family, "seconds": k.seconds, "object_bytes": k.object_bytes}))
             .collect();
-        Ok(BuildOutput::new(
-            LIBRARY_NAME,
-            json!({
-                "model": model_dir.display().to_string(),
-                "arch": spec.arch.name(),
-                "spec": spec,
-                "options": options,
-                "cpu": host,
-                "llvm_cpu": report.llvm_cpu,
-                "llvm_features": report.llvm_features,
-                "llvm_version": kiln_compiler::LLVM_VERSION,
-                "abi_version": abi::ABI_VERSION,
-                "pipeline_version": kiln_compiler::PIPELINE_VERSION,
-                "compile_seconds": report.seconds,
-                "kernels": kernels,
-            }),
-        ))
+        let mut info = req.info.clone();
+        let extra = json!({
+            "options": options,
+            "cpu": host,
+            "llvm_cpu": report.llvm_cpu,
+            "llvm_features": report.llvm_features,
+            "llvm_version": kiln_compiler::LLVM_VERSION,
+            "abi_version": abi::ABI_VERSION,
+            "pipeline_version": kiln_compiler::PIPELINE_VERSION,
+            "compile_seconds": report.seconds,
+            "kernels": kernels,
+        });
+        if let (Some(info), Some(extra)) = (info.as_object_mut(), extra.as_object()) {
+            info.extend(extra.clone());
+        }
+        Ok(BuildOutput::new(LIBRARY_NAME, info))
     })?;
     if let Status::Rebuilt { reason } = &outcome.status {
         eprintln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it");
@@ -175,6 +195,16 @@ pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache
         kernels,
         library_bytes: outcome.entry.meta.library_bytes,
     })
+}
+
+/// Versions that change generated code, shared by every cache key.
+pub fn toolchain_key_parts() -> [(&'static str, String); 4] {
+    [
+        ("kiln_version", env!("CARGO_PKG_VERSION").to_string()),
+        ("abi_version", abi::ABI_VERSION.to_string()),
+        ("pipeline_version", kiln_compiler::PIPELINE_VERSION.to_string()),
+        ("llvm_version", kiln_compiler::LLVM_VERSION.to_string()),
+    ]
 }
 
 /// A model ready to generate: tokenizer, compiled library and engine.

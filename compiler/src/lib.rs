@@ -43,7 +43,8 @@ const COMPILER_STACK_BYTES: usize = 16 << 20;
 
 /// What to compile and where.
 pub struct CompileRequest<'a> {
-    pub spec: &'a ModelSpec,
+    /// The kernels to compile (see [`model_kernels`]).
+    pub kernels: &'a [Kernel],
     pub options: &'a CompileOptions,
     /// Folder receiving the library (a cache staging folder).
     pub out_dir: &'a Path,
@@ -100,16 +101,22 @@ pub fn kernel_list(spec: &ModelSpec, options: &CompileOptions) -> Vec<Kernel> {
     graph::kernel_set(spec, options.prefill_rows)
 }
 
-/// Compiles every kernel of `req.spec` and links them into `req.out_dir/req.library_name`.
-pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
-    let start = Instant::now();
-    let kernels = kernel_list(req.spec, req.options);
-    if let Some(w) = kiln_spec::weights::weight_list(req.spec).iter().find(|w| w.dtype.is_quantized()) {
+/// The kernels for `spec`, or an error naming a weight whose storage type has no kernel.
+pub fn model_kernels(spec: &ModelSpec, options: &CompileOptions) -> Result<Vec<Kernel>, CompileError> {
+    if let Some(w) = kiln_spec::weights::weight_list(spec).iter().find(|w| w.dtype.is_quantized()) {
         return Err(CompileError::Setup(format!(
             "{} is stored as {}, which has no kernel yet; load the model with dequantisation to bf16 or f32",
             w.id, w.dtype
         )));
     }
+    Ok(kernel_list(spec, options))
+}
+
+/// Compiles `req.kernels` (plus the ABI-version function) and links them into
+/// `req.out_dir/req.library_name`.
+pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
+    let start = Instant::now();
+    let kernels = req.kernels;
     let host = HostTarget::detect();
     let objects_dir = req.out_dir.join(".objects");
     std::fs::create_dir_all(&objects_dir).map_err(io_err(&objects_dir))?;

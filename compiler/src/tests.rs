@@ -60,8 +60,9 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
         let spec = spec(qk_norm, Some(5));
         let options = CompileOptions { prefill_rows: ROWS, f32_lanes: HostCpu::detect().f32_lanes() };
         let dir = tempfile::tempdir().unwrap();
+        let kernels = kernel_list(&spec, &options);
         let report = compile(&CompileRequest {
-            spec: &spec,
+            kernels: &kernels,
             options: &options,
             out_dir: dir.path(),
             library_name: "libtest.so",
@@ -73,7 +74,7 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
         .expect("test spec compiles");
         // SAFETY: the library was just produced by the compiler and exports the ABI.
         let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
-        Compiled { kernels: kernel_list(&spec, &options), _dir: dir, lib }
+        Compiled { kernels, _dir: dir, lib }
     })
 }
 

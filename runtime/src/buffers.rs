@@ -41,6 +41,11 @@ impl AlignedBuf {
         // SAFETY: in bounds (checked), aligned to 64, initialised (zeroed at allocation).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr() as *const f32, len) }
     }
+    pub fn f32s_mut(&mut self, len: usize) -> &mut [f32] {
+        assert!(len * 4 <= self.layout.size());
+        // SAFETY: in bounds, aligned, initialised; `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut f32, len) }
+    }
     pub fn i32s_mut(&mut self, len: usize) -> &mut [i32] {
         assert!(len * 4 <= self.layout.size());
         // SAFETY: as above, and `&mut self` guarantees exclusive access.

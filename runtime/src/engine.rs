@@ -193,8 +193,8 @@ impl Engine {
         }
     }
 
-    /// Per-node profile of each plan: (plan name, graph, accumulated nanoseconds, runs).
-    pub fn profile(&self) -> Vec<(&'static str, graph::Graph, Vec<u64>, u64)> {
+    /// The profile of each plan that ran, when the engine was created with `profile`.
+    pub fn profile(&self) -> Vec<PlanProfile> {
         let block = self.bufs.block_rows;
         let head = graph::head_graph(&self.spec);
         let plans: [(&str, &Plan, graph::Graph); 4] = [
@@ -205,7 +205,18 @@ impl Engine {
         ];
         plans
             .into_iter()
-            .filter_map(|(name, plan, g)| plan.times().map(|t| (name, g, t.nanos(), t.runs())))
+            .filter_map(|(name, plan, graph)| {
+                let t = plan.times()?;
+                Some(PlanProfile { name, runs: t.runs(), rows: t.rows(), nodes: graph.steps.into_iter().zip(t.nodes()).collect() })
+            })
             .collect()
     }
+}
+
+/// Accumulated per-node times of one plan.
+pub struct PlanProfile {
+    pub name: &'static str,
+    pub runs: u64,
+    pub rows: u64,
+    pub nodes: Vec<(graph::Step, crate::plan::NodeProfile)>,
 }

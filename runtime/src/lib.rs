@@ -10,6 +10,7 @@ pub mod library;
 pub mod model;
 pub mod plan;
 pub mod pool;
+pub mod probe;
 pub mod sampler;
 pub mod tokenizer;
 

@@ -4,6 +4,7 @@
 
 use crate::library::KernelLibrary;
 use crate::pool::Pool;
+use kiln_spec::Kernel;
 use kiln_spec::abi::{KernelFn, PTR_ARGS};
 use kiln_spec::graph::{Arg, Graph};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,20 +34,49 @@ struct Node {
     f: KernelFn,
     args: [Slot; PTR_ARGS],
     barrier_before: bool,
+    /// Kept for profiles (bytes moved and flops per call).
+    kernel: Kernel,
 }
 
-/// Per-node wall time as seen by thread 0, for `KILN_PROFILE=1`.
+/// Per-node wall time as seen by thread 0, and the bytes and flops each node accounted for,
+/// accumulated over runs (`KILN_PROFILE=1`).
 pub struct NodeTimes {
     nanos: Vec<AtomicU64>,
+    bytes: Vec<AtomicU64>,
+    flops: Vec<AtomicU64>,
     runs: AtomicU64,
+    rows: AtomicU64,
+}
+
+/// A snapshot of one node's accumulated profile.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeProfile {
+    pub nanos: u64,
+    pub bytes: u64,
+    pub flops: u64,
 }
 
 impl NodeTimes {
-    pub fn nanos(&self) -> Vec<u64> {
-        self.nanos.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    fn new(n: usize) -> NodeTimes {
+        let zeros = || (0..n).map(|_| AtomicU64::new(0)).collect();
+        NodeTimes { nanos: zeros(), bytes: zeros(), flops: zeros(), runs: AtomicU64::new(0), rows: AtomicU64::new(0) }
     }
+    pub fn nodes(&self) -> Vec<NodeProfile> {
+        (0..self.nanos.len())
+            .map(|i| NodeProfile {
+                nanos: self.nanos[i].load(Ordering::Relaxed),
+                bytes: self.bytes[i].load(Ordering::Relaxed),
+                flops: self.flops[i].load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+    /// Number of runs recorded.
     pub fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+    /// Rows (tokens) processed over all runs.
+    pub fn rows(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
     }
 }
 
@@ -89,9 +119,9 @@ impl Plan {
                     (_, Resolved::Weight(p)) => Slot::Fixed(p as *mut u8),
                 };
             }
-            nodes.push(Node { f, args, barrier_before: step.barrier_before });
+            nodes.push(Node { f, args, barrier_before: step.barrier_before, kernel: step.kernel.clone() });
         }
-        let times = profile.then(|| NodeTimes { nanos: (0..nodes.len()).map(|_| AtomicU64::new(0)).collect(), runs: AtomicU64::new(0) });
+        let times = profile.then(|| NodeTimes::new(nodes.len()));
         Ok(Plan { nodes, times })
     }
 
@@ -140,6 +170,11 @@ impl Plan {
                 if let Some(t) = last {
                     self.add_time(self.nodes.len() - 1, t.elapsed());
                     times.runs.fetch_add(1, Ordering::Relaxed);
+                    times.rows.fetch_add(rows as u64, Ordering::Relaxed);
+                    for (i, node) in self.nodes.iter().enumerate() {
+                        times.bytes[i].fetch_add(node.kernel.bytes_moved(rows, pos), Ordering::Relaxed);
+                        times.flops[i].fetch_add(node.kernel.flops(rows, pos), Ordering::Relaxed);
+                    }
                 }
             }
         });

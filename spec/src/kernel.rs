@@ -70,6 +70,14 @@ pub enum Kernel {
     /// `g[r, i] = silu(g[r, i]) * u[r, i]`, in place.
     /// Args: `g: f32[max_rows, dim]`, `u: f32[max_rows, dim]`.
     SiluMul { dim: usize, max_rows: usize },
+    /// Machine probe: each thread reads its share of `buf` once, sequentially, with vector
+    /// loads (the way decode streams weights) and writes a checksum to `sums[thread_id]`.
+    /// Args: `buf: f32[elems]`, `sums: f32[64, 16]`. `rows` and `pos` are unused.
+    ProbeRead { elems: usize },
+    /// Machine probe: `rows` iterations of `chains` independent vector FMA chains held in
+    /// registers, then a checksum to `sums[thread_id]`.
+    /// Args: `sums: f32[64, 16]`.
+    ProbeFma { chains: usize },
 }
 
 impl Kernel {
@@ -82,6 +90,8 @@ impl Kernel {
             Kernel::RopeKv { .. } => "rope_kv",
             Kernel::Attention { .. } => "attention",
             Kernel::SiluMul { .. } => "silu_mul",
+            Kernel::ProbeRead { .. } => "probe_read",
+            Kernel::ProbeFma { .. } => "probe_fma",
         }
     }
 
@@ -93,6 +103,7 @@ impl Kernel {
             | Kernel::RopeKv { max_rows, .. }
             | Kernel::Attention { max_rows, .. }
             | Kernel::SiluMul { max_rows, .. } => *max_rows,
+            Kernel::ProbeRead { .. } | Kernel::ProbeFma { .. } => 1,
         }
     }
 
@@ -103,7 +114,8 @@ impl Kernel {
             Kernel::MatMul { bias, .. } => 3 + bias.is_some() as usize,
             Kernel::RopeKv { qk_norm, .. } => 5 + 2 * qk_norm.is_some() as usize,
             Kernel::Attention { .. } => 4,
-            Kernel::SiluMul { .. } => 2,
+            Kernel::SiluMul { .. } | Kernel::ProbeRead { .. } => 2,
+            Kernel::ProbeFma { .. } => 1,
         }
     }
 
@@ -114,8 +126,46 @@ impl Kernel {
             Kernel::Embed { .. } | Kernel::RmsNorm { .. } | Kernel::MatMul { .. } => &[2],
             Kernel::RopeKv { .. } => &[0, 1, 3, 4],
             Kernel::Attention { .. } => &[3],
-            Kernel::SiluMul { .. } => &[0],
+            Kernel::SiluMul { .. } | Kernel::ProbeFma { .. } => &[0],
+            Kernel::ProbeRead { .. } => &[1],
         }
+    }
+
+    /// Bytes the kernel reads and writes for one call on `rows` rows starting at position
+    /// `pos`: weights once, activations per row, and for attention the cached keys and values
+    /// each row attends to. An estimate for profiles (it ignores cache reuse between rows).
+    pub fn bytes_moved(&self, rows: usize, pos: usize) -> u64 {
+        let f = 4usize;
+        let b = match self {
+            Kernel::Embed { hidden, dtype, .. } => rows * (dtype.bytes_for(*hidden) + hidden * f + 4),
+            Kernel::RmsNorm { dim, wdtype, .. } => wdtype.bytes_for(*dim) + rows * 2 * dim * f,
+            Kernel::MatMul { n, k, wdtype, bias, accumulate, .. } => {
+                let out = if *accumulate { 2 } else { 1 };
+                n * wdtype.bytes_for(*k) + bias.map_or(0, |d| d.bytes_for(*n)) + rows * (k + out * n) * f
+            }
+            Kernel::RopeKv { heads, kv_heads, head_dim, .. } => rows * (2 * heads + 6 * kv_heads) * head_dim * f,
+            Kernel::Attention { heads, kv_heads, head_dim, window, .. } => {
+                let keys: usize = (0..rows).map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w))).sum();
+                rows * 2 * heads * head_dim * f + keys * 2 * kv_heads * head_dim * f
+            }
+            Kernel::SiluMul { dim, .. } => rows * 3 * dim * f,
+            Kernel::ProbeRead { elems } => elems * f,
+            Kernel::ProbeFma { .. } => 0,
+        };
+        b as u64
+    }
+
+    /// Floating-point operations of one call (a multiply-add counts 2), for profiles.
+    pub fn flops(&self, rows: usize, pos: usize) -> u64 {
+        let b = match self {
+            Kernel::MatMul { n, k, .. } => 2 * rows * n * k,
+            Kernel::Attention { heads, head_dim, window, .. } => {
+                let keys: usize = (0..rows).map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w))).sum();
+                4 * keys * heads * head_dim
+            }
+            _ => 0,
+        };
+        b as u64
     }
 
     /// Exported symbol: readable shape fields plus a hash of the whole descriptor, so two
@@ -141,6 +191,8 @@ impl Kernel {
                 window.map(|w| format!("_w{w}")).unwrap_or_default()
             ),
             Kernel::SiluMul { dim, .. } => format!("d{dim}"),
+            Kernel::ProbeRead { elems } => format!("e{elems}"),
+            Kernel::ProbeFma { chains } => format!("c{chains}"),
         };
         let regime = if self.max_rows() == 1 { "decode".to_string() } else { format!("r{}", self.max_rows()) };
         format!("kiln_{}_{shape}_{regime}_{short}", self.family())

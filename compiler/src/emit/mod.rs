@@ -9,6 +9,7 @@ mod attention;
 mod elementwise;
 mod matmul;
 mod norm;
+mod probe;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};
@@ -74,6 +75,8 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
             Kernel::RopeKv { .. } => rope::emit_rope_kv(b, kernel, p, d, lanes),
             Kernel::Attention { .. } => attention::emit_attention(b, kernel, p, d, lanes),
             Kernel::SiluMul { .. } => elementwise::emit_silu_mul(b, kernel, p, d, lanes),
+            Kernel::ProbeRead { .. } => probe::emit_probe_read(b, kernel, p, d, lanes),
+            Kernel::ProbeFma { .. } => probe::emit_probe_fma(b, kernel, p, d, lanes),
         }
     });
     module.body().append_operation(func);
@@ -151,6 +154,8 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
         ],
         // Flat views: the elementwise kernel walks rows * dim contiguous values.
         Kernel::SiluMul { dim, max_rows } => vec![memref(&[max_rows * dim], "f32"), memref(&[max_rows * dim], "f32")],
+        Kernel::ProbeRead { elems } => vec![memref(&[*elems], "f32"), memref(&[64, 16], "f32")],
+        Kernel::ProbeFma { .. } => vec![memref(&[64, 16], "f32")],
     }
 }
 

@@ -1,0 +1,177 @@
+//! `kiln bench`: prefill and decode speed on a fixed synthetic prompt, judged against this
+//! machine's probed ceilings; and the `KILN_PROFILE=1` per-kernel profile file.
+
+use crate::commands::{human_bytes, load_probe};
+use crate::session::{OpenOptions, Session};
+use anyhow::{Result, bail};
+use kiln_runtime::probe::load_average;
+use kiln_runtime::sampler::argmax;
+use kiln_spec::HostCpu;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub struct BenchArgs {
+    pub model: PathBuf,
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub reps: usize,
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub json: bool,
+}
+
+/// A deterministic prompt of `n` ordinary token ids (no special tokens at either end of the
+/// vocabulary).
+pub fn synthetic_prompt(n: usize, vocab: usize) -> Vec<u32> {
+    let lo = 256.min(vocab / 4);
+    let hi = (vocab * 9 / 10).max(lo + 1);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (lo + (x >> 33) as usize % (hi - lo)) as u32
+        })
+        .collect()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.reps == 0 {
+        bail!("--prompt-tokens, --gen-tokens and --reps must be at least 1");
+    }
+    let opts = OpenOptions { threads: args.threads, prefill_rows: args.prefill_block, progress: !args.json, ..OpenOptions::default() };
+    let mut session = Session::open(&args.model, &opts)?;
+    let spec = session.spec.clone();
+    let ctx = session.engine.ctx();
+    if args.prompt_tokens + args.gen_tokens > ctx {
+        bail!("{} prompt + {} generated tokens exceed the context of {ctx}", args.prompt_tokens, args.gen_tokens);
+    }
+    let prompt = synthetic_prompt(args.prompt_tokens, spec.vocab_size.min(session.tokenizer.vocab_size().max(1)));
+    let threads = session.engine.threads();
+    let load_before = load_average();
+
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    // The first repetition warms the page cache and the CPU caches and is not counted.
+    for rep in 0..=args.reps {
+        let engine = &mut session.engine;
+        engine.reset();
+        let t = Instant::now();
+        let mut next = argmax(engine.prefill(&prompt)?) as u32;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..args.gen_tokens {
+            next = argmax(engine.decode(next)?) as u32;
+        }
+        let decode_s = t.elapsed().as_secs_f64();
+        let (p, d) = (args.prompt_tokens as f64 / prefill_s, args.gen_tokens as f64 / decode_s);
+        if rep > 0 {
+            prefill.push(p);
+            decode.push(d);
+        }
+        if !args.json {
+            let label = if rep == 0 { "warm-up".to_string() } else { format!("rep {rep}/{}", args.reps) };
+            eprintln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s");
+        }
+    }
+    let (prefill_tok_s, decode_tok_s) = (median(&mut prefill), median(&mut decode));
+    let bytes_per_token = spec.weight_bytes_per_token();
+    let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
+    // Matmul flops per prompt token (the output head runs once per prefill, on the last row).
+    let head = 2 * spec.vocab_size as u64 * spec.hidden_size as u64;
+    let layer_flops: u64 = kiln_spec::graph::block_graph(&spec, 1).steps.iter().map(|s| s.kernel.flops(1, 0)).sum();
+    let prefill_gflop_s = prefill_tok_s * (layer_flops as f64 + head as f64 / args.prompt_tokens as f64) / 1e9;
+    let host = HostCpu::detect();
+    let probe = load_probe(&host);
+    let read_ceiling = probe.as_ref().and_then(|p| p.read_at(threads));
+    let fma_ceiling = probe.as_ref().and_then(|p| p.fma_at(threads));
+    let load_after = load_average();
+    write_profile(&session)?;
+
+    let report = json!({
+        "model": session.dir.display().to_string(),
+        "cpu": host.model_name,
+        "threads": threads,
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "reps": args.reps,
+        "prefill_tok_s": prefill_tok_s,
+        "decode_tok_s": decode_tok_s,
+        "prefill_tok_s_all": prefill,
+        "decode_tok_s_all": decode,
+        "weight_bytes_per_token": bytes_per_token,
+        "decode_gb_s": decode_gb_s,
+        "decode_pct_of_probe": read_ceiling.map(|c| 100.0 * decode_gb_s / c),
+        "probe_read_gb_s": read_ceiling,
+        "prefill_gflop_s": prefill_gflop_s,
+        "prefill_pct_of_fma_peak": fma_ceiling.map(|c| 100.0 * prefill_gflop_s / c),
+        "probe_fma_gflop_s": fma_ceiling,
+        "open_s": session.open_seconds,
+        "compile_s": session.library.compile_seconds,
+        "cache_hit": session.library.cache_hit(),
+        "load_average": [load_before, load_after],
+    });
+    if args.json {
+        println!("{report}");
+        return Ok(());
+    }
+    println!("{} on {} ({threads} threads, load {:.2})", session.dir.display(), host.model_name, load_before.unwrap_or(f64::NAN));
+    println!("prefill  {prefill_tok_s:>8.1} tok/s  ({} tokens, {prefill_gflop_s:.1} GFLOP/s{})", args.prompt_tokens, pct(fma_ceiling.map(|c| prefill_gflop_s / c), "FMA peak"));
+    println!("decode   {decode_tok_s:>8.2} tok/s  ({} per token, {decode_gb_s:.1} GB/s{})", human_bytes(bytes_per_token), pct(read_ceiling.map(|c| decode_gb_s / c), "read bandwidth"));
+    if probe.is_none() {
+        println!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)");
+    }
+    Ok(())
+}
+
+fn pct(ratio: Option<f64>, what: &str) -> String {
+    ratio.map(|r| format!(", {:.0} % of {what}", 100.0 * r)).unwrap_or_default()
+}
+
+/// With `KILN_PROFILE=1`, writes the engine's per-node profile to `$KILN_PROFILE_OUT` (default
+/// `kiln-profile.json`) for `scripts/profile.py`.
+pub fn write_profile(session: &Session) -> Result<()> {
+    let plans = session.engine.profile();
+    if plans.is_empty() {
+        return Ok(());
+    }
+    let threads = session.engine.threads();
+    let probe = load_probe(&HostCpu::detect());
+    let plans: Vec<_> = plans
+        .iter()
+        .map(|p| {
+            let nodes: Vec<_> = p
+                .nodes
+                .iter()
+                .map(|(step, t)| {
+                    json!({
+                        "symbol": step.kernel.symbol(),
+                        "family": step.kernel.family(),
+                        "layer": step.layer,
+                        "barrier_before": step.barrier_before,
+                        "nanos": t.nanos,
+                        "bytes": t.bytes,
+                        "flops": t.flops,
+                    })
+                })
+                .collect();
+            json!({"name": p.name, "runs": p.runs, "rows": p.rows, "nodes": nodes})
+        })
+        .collect();
+    let out = json!({
+        "model": session.dir.display().to_string(),
+        "threads": threads,
+        "probe_read_gb_s": probe.as_ref().and_then(|p| p.read_at(threads)),
+        "probe_fma_gflop_s": probe.as_ref().and_then(|p| p.fma_at(threads)),
+        "plans": plans,
+    });
+    let path = std::env::var_os("KILN_PROFILE_OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("kiln-profile.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
+    eprintln!("profile written to {} (summarise with scripts/profile.py)", path.display());
+    Ok(())
+}
