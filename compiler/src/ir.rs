@@ -179,8 +179,35 @@ impl<'c, 'a> Kb<'c, 'a> {
         let name = if a.r#type().is_vector() { "vector.fma" } else { "math.fma" };
         self.op1(name, &[a, b, c], a.r#type(), &[])
     }
-    pub fn exp(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
-        self.op1("math.exp", &[a], a.r#type(), &[])
+    /// `e^x` by range reduction and a polynomial, vectorised (LLVM would otherwise call the
+    /// scalar `expf` once per lane). `x = n ln2 + r` with `|r| <= ln2/2`, `e^r` by a degree-7
+    /// minimax polynomial (Cephes' `expf` coefficients), scaled by `2^n` through the exponent
+    /// bits. Accurate to about 1 ulp over the normal range; inputs are clamped to
+    /// [-87.3, 88.7] so the result is finite and, below, a tiny positive number instead of 0.
+    pub fn exp(&self, x: Value<'c, '_>) -> Value<'c, 'a> {
+        let lanes = lanes_of(x);
+        let c = |v: f32| if lanes == 1 { self.f32c(v) } else { self.f32_splat(v, lanes) };
+        let x = self.fop("arith.minimumf", x, c(88.722_83), false);
+        let x = self.fop("arith.maximumf", x, c(-87.336_54), false);
+        // n = floor(x / ln2 + 0.5)
+        let n = self.op1("math.floor", &[self.fma(x, c(std::f32::consts::LOG2_E), c(0.5))], x.r#type(), &[]);
+        // r = x - n ln2, with ln2 split in two for accuracy.
+        let r = self.fma(n, c(-0.693_359_4), x);
+        let r = self.fma(n, c(2.121_944_4e-4), r);
+        let mut p = c(1.987_569_1e-4);
+        for coeff in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            p = self.fma(p, r, c(coeff));
+        }
+        let r2 = self.mulf(r, r);
+        let y = self.addf(self.fma(p, r2, r), c(1.0));
+        // 2^n from the exponent bits.
+        let (ti, tf) = if lanes == 1 { (self.ty("i32"), self.f32_ty()) } else { (self.vec_ty(lanes, "i32"), self.vec_ty(lanes, "f32")) };
+        let ni = self.op1("arith.fptosi", &[n], ti, &[]);
+        let bias = if lanes == 1 { self.i32c(127) } else { self.int_splat(127, lanes, "i32") };
+        let shift = if lanes == 1 { self.i32c(23) } else { self.int_splat(23, lanes, "i32") };
+        let bits = self.op1("arith.shli", &[self.op1("arith.addi", &[ni, bias], ti, &[]), shift], ti, &[]);
+        let scale = self.op1("arith.bitcast", &[bits], tf, &[]);
+        self.mulf(y, scale)
     }
     pub fn sqrt(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("math.sqrt", &[a], a.r#type(), &[])
@@ -369,6 +396,12 @@ where
         .add_regions([region])
         .build()
         .expect("valid func.func")
+}
+
+/// Lanes of a `vector<Nxf32>` value (1 for a scalar).
+fn lanes_of(v: Value<'_, '_>) -> usize {
+    let ty = v.r#type().to_string();
+    ty.strip_prefix("vector<").and_then(|rest| rest.split('x').next()).and_then(|n| n.parse().ok()).unwrap_or(1)
 }
 
 /// Chooses the vector width for a loop over `dim` elements: the widest power of two not above
