@@ -2,7 +2,7 @@
 //! machine's probed ceilings; and the `KILN_PROFILE=1` per-kernel profile file.
 
 use crate::commands::{human_bytes, load_probe};
-use crate::session::{OpenOptions, Session};
+use crate::session::{OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
 use kiln_runtime::probe::load_average;
 use kiln_runtime::sampler::argmax;
@@ -19,6 +19,8 @@ pub struct BenchArgs {
     pub threads: Option<usize>,
     pub prefill_block: Option<usize>,
     pub json: bool,
+    /// Only print the synthetic prompt's token ids (for peers measured on the same ids).
+    pub print_prompt: bool,
 }
 
 /// A deterministic prompt of `n` ordinary token ids (no special tokens at either end of the
@@ -45,13 +47,18 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         bail!("--prompt-tokens, --gen-tokens and --reps must be at least 1");
     }
     let opts = OpenOptions { threads: args.threads, prefill_rows: args.prefill_block, progress: !args.json, ..OpenOptions::default() };
-    let mut session = Session::open(&args.model, &opts)?;
+    let prepared = PreparedModel::load(&args.model)?;
+    let prompt = synthetic_prompt(args.prompt_tokens, prepared.spec.vocab_size.min(prepared.tokenizer.vocab_size().max(1)));
+    if args.print_prompt {
+        println!("{}", serde_json::to_string(&prompt)?);
+        return Ok(());
+    }
+    let mut session = prepared.into_session(&opts)?;
     let spec = session.spec.clone();
     let ctx = session.engine.ctx();
     if args.prompt_tokens + args.gen_tokens > ctx {
         bail!("{} prompt + {} generated tokens exceed the context of {ctx}", args.prompt_tokens, args.gen_tokens);
     }
-    let prompt = synthetic_prompt(args.prompt_tokens, spec.vocab_size.min(session.tokenizer.vocab_size().max(1)));
     let threads = session.engine.threads();
     let load_before = load_average();
 

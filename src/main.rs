@@ -75,6 +75,9 @@ enum Command {
         build: BuildArgs,
         #[arg(long)]
         json: bool,
+        /// Print the synthetic prompt's token ids as JSON and exit (for peer benchmarks).
+        #[arg(long, hide = true)]
+        print_prompt: bool,
     },
     /// Measure this machine's read bandwidth and FMA throughput with Kiln-compiled kernels.
     Probe {
@@ -184,7 +187,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }),
         Command::Info { model, build, json } => commands::info(&model, build.prefill_block, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
-        Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json } => kiln::bench::bench(&kiln::bench::BenchArgs {
+        Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json, print_prompt } => kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
             gen_tokens,
@@ -192,6 +195,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             json,
+            print_prompt,
         }),
         Command::Cache { action: CacheAction::List { json } } => commands::cache_list(json),
         Command::Cache { action: CacheAction::Clean(c) } | Command::CleanCache(c) => match (c.key, c.all) {

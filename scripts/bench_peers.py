@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Kiln against llama.cpp on the same model, same prompt tokens, same thread count.
+
+    python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
+                                   [--reps 5] [--rest 3] [--kiln target/release/kiln]
+
+Sets up from PyPI what it needs (`llama-cpp-python`, `gguf`, and llama.cpp's
+`convert_hf_to_gguf.py` taken from the llama-cpp-python source distribution), converts the
+Hugging Face folder to GGUF at the same storage type (bf16 for bf16 weights), then measures both
+engines interleaved: each repetition runs one fresh process per engine, the order rotated every
+repetition, with a short rest between runs. Both engines get the same synthetic prompt token ids
+(the ones `kiln bench` uses) and decode greedily for the same number of tokens.
+
+Writes a Markdown table (date, CPU, threads, load average, medians, Kiln/llama.cpp ratios) to
+bench/results/ and prints it. A GGUF file can be given instead of a folder with --gguf (then
+Kiln runs that same file too).
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORK = pathlib.Path(os.environ.get("KILN_SCRIPTS_CACHE", pathlib.Path.home() / ".cache" / "kiln-scripts"))
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pip_install(*pkgs):
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pkgs], check=True)
+
+
+def ensure_llama_cpp():
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        log("installing llama-cpp-python from PyPI (builds llama.cpp from source; several minutes)")
+        pip_install("llama-cpp-python")
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        pip_install("gguf")
+    import llama_cpp
+    return llama_cpp.__version__
+
+
+def converter(version):
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist of this version."""
+    dest = WORK / f"llama-cpp-python-{version}"
+    script = dest / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if script.exists():
+        return script
+    WORK.mkdir(parents=True, exist_ok=True)
+    log(f"fetching the llama-cpp-python {version} source distribution for convert_hf_to_gguf.py")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={version}", "-d", str(WORK)], check=True)
+    sdist = next(WORK.glob(f"llama_cpp_python-{version}.tar.gz"))
+    with tarfile.open(sdist) as t:
+        t.extractall(WORK, filter="data")
+    extracted = WORK / f"llama_cpp_python-{version}"
+    if extracted.exists() and not dest.exists():
+        extracted.rename(dest)
+    if not script.exists():
+        sys.exit(f"convert_hf_to_gguf.py not found in {sdist}")
+    return script
+
+
+def model_dtype(model_dir):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    dt = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    return {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dt, "bf16")
+
+
+def to_gguf(model_dir, version):
+    outtype = model_dtype(model_dir)
+    digest = hashlib.sha256()
+    for f in sorted(model_dir.glob("*")):
+        if f.is_file():
+            st = f.stat()
+            digest.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    out = WORK / "gguf" / f"{model_dir.name}-{digest.hexdigest()[:12]}-{outtype}.gguf"
+    if out.exists():
+        return out, outtype
+    out.parent.mkdir(parents=True, exist_ok=True)
+    script = converter(version)
+    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log(f"converting {model_dir} to {outtype} GGUF")
+    tmp = out.with_suffix(".partial")
+    subprocess.run([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(tmp)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    tmp.rename(out)
+    return out, outtype
+
+
+LLAMA_RUNNER = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+path, threads, prompt, gen = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(prompt) + gen + 16,
+            n_batch=512, n_ubatch=512, verbose=False, use_mmap=True)
+def once():
+    llm.reset()
+    t = time.perf_counter(); llm.eval(prompt); p = time.perf_counter() - t
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t = time.perf_counter()
+    for _ in range(gen):
+        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    d = time.perf_counter() - t
+    return len(prompt) / p, gen / d
+once()  # warm-up, as kiln bench does
+p, d = once()
+print(json.dumps({"prefill_tok_s": p, "decode_tok_s": d}))
+"""
+
+
+def run_llama(gguf_path, threads, prompt, gen):
+    r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen)],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_kiln(kiln, model, threads, prompt_tokens, gen):
+    r = subprocess.run([kiln, "bench", str(model), "--prompt-tokens", str(prompt_tokens), "--gen-tokens", str(gen),
+                        "--reps", "1", "--threads", str(threads), "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"kiln bench failed: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def kiln_prompt_ids(kiln, model, n):
+    """The synthetic prompt kiln bench uses, so llama.cpp processes the very same ids."""
+    r = subprocess.run([kiln, "bench", str(model), "--prompt-tokens", str(n), "--print-prompt"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"kiln bench --print-prompt failed: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def loadavg():
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="Hugging Face model folder (or a .gguf file)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=148)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rest", type=float, default=3.0, help="seconds of rest between runs")
+    ap.add_argument("--kiln", default=str(ROOT / "target" / "release" / "kiln"))
+    ap.add_argument("--label", default=None, help="name used in the results file")
+    args = ap.parse_args()
+
+    model = pathlib.Path(args.model).resolve()
+    version = ensure_llama_cpp()
+    if model.suffix == ".gguf":
+        gguf_path, outtype = model, "gguf"
+    else:
+        gguf_path, outtype = to_gguf(model, version)
+    prompt = kiln_prompt_ids(args.kiln, model, args.prompt_tokens)
+    assert len(prompt) == args.prompt_tokens
+
+    engines = {
+        "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens),
+        "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens),
+    }
+    results = {name: [] for name in engines}
+    loads = [loadavg()]
+    order = list(engines)
+    for rep in range(args.reps):
+        for name in order:
+            time.sleep(args.rest)
+            r = engines[name]()
+            results[name].append(r)
+            log(f"rep {rep + 1}/{args.reps} {name:9}: prefill {r['prefill_tok_s']:7.1f} tok/s, decode {r['decode_tok_s']:6.2f} tok/s")
+        order = order[1:] + order[:1]
+    loads.append(loadavg())
+
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")} for n, rs in results.items()}
+    k, l = med["kiln"], med["llama.cpp"]
+    last_kiln = results["kiln"][-1]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    label = args.label or model.stem
+    lines = [
+        f"# Kiln vs llama.cpp — {label}",
+        "",
+        f"- date: {now.strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- CPU: {cpu_name()} ({os.cpu_count()} logical CPUs)",
+        f"- threads: {args.threads} (both engines)",
+        f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}",
+        f"- model: `{model}`; llama.cpp reads `{gguf_path.name}` ({outtype}); llama-cpp-python {version}",
+        f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
+        f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
+        "",
+        "| engine | prefill tok/s (median) | decode tok/s (median) | runs (prefill / decode) |",
+        "|---|---:|---:|---|",
+    ]
+    for name in engines:
+        runs_p = ", ".join(f"{r['prefill_tok_s']:.1f}" for r in results[name])
+        runs_d = ", ".join(f"{r['decode_tok_s']:.2f}" for r in results[name])
+        lines.append(f"| {name} | {med[name]['prefill_tok_s']:.1f} | {med[name]['decode_tok_s']:.2f} | {runs_p} / {runs_d} |")
+    lines += [
+        f"| **Kiln / llama.cpp** | **{k['prefill_tok_s'] / l['prefill_tok_s']:.2f}×** | **{k['decode_tok_s'] / l['decode_tok_s']:.2f}×** | |",
+        "",
+    ]
+    if last_kiln.get("decode_pct_of_probe") is not None:
+        bpt = last_kiln["weight_bytes_per_token"]
+        read = last_kiln["probe_read_gb_s"]
+        lines.append(f"Weights read per token: {bpt / 1e6:.1f} MB. Probe (`kiln probe`, {args.threads} threads): "
+                     f"{read:.1f} GB/s read, {last_kiln['probe_fma_gflop_s']:.0f} GFLOP/s FMA.")
+        lines.append(f"Decode as a share of the read ceiling: Kiln {100 * k['decode_tok_s'] * bpt / 1e9 / read:.0f} %, "
+                     f"llama.cpp {100 * l['decode_tok_s'] * bpt / 1e9 / read:.0f} %.")
+        lines.append("")
+    text = "\n".join(lines)
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{now.strftime('%Y%m%d-%H%M')}-{label}-t{args.threads}.md"
+    out.write_text(text)
+    print(text)
+    log(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
