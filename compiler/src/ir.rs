@@ -238,6 +238,59 @@ impl<'c, 'a> Kb<'c, 'a> {
         )
     }
 
+    /// `vector.shuffle`: lanes of `a` then `b` picked by `mask` (indices into their
+    /// concatenation).
+    pub fn shuffle(&self, a: Value<'c, '_>, b: Value<'c, '_>, mask: &[usize]) -> Value<'c, 'a> {
+        let list: Vec<String> = mask.iter().map(|i| i.to_string()).collect();
+        let t = self.vec_ty(mask.len(), "f32");
+        self.op1("vector.shuffle", &[a, b], t, &[("mask", self.attr(&format!("array<i64: {}>", list.join(", "))))])
+    }
+    /// Lane `i` of a vector.
+    pub fn extract(&self, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
+        self.op1("vector.extract", &[v], self.f32_ty(), &[("static_position", self.attr(&format!("array<i64: {i}>")))])
+    }
+
+    /// The lane sums of several vectors at once, by a tree of shuffles that folds pairs of
+    /// vectors together (about two operations per sum instead of a full reduction each).
+    /// Sums are reassociated, like [`Kb::reduce_add`].
+    ///
+    /// Level by level, pairs of vectors are folded into one whose lanes are split into
+    /// segments, one per input, in input order: `[v0 | v1]`, then `[v0 | v1 | v2 | v3]`, ...;
+    /// finally each segment is folded within the vector and its first lane holds the sum.
+    pub fn reduce_many(&self, vs: &[Value<'c, 'a>]) -> Vec<Value<'c, 'a>> {
+        let lanes = lanes_of(vs[0]);
+        if lanes == 1 {
+            return vs.iter().map(|&v| self.reduce_add(v)).collect();
+        }
+        let groups = vs.len().next_power_of_two();
+        assert!(groups <= lanes, "reduce_many folds at most one vector per lane");
+        let zero = self.f32_splat(0.0, lanes);
+        let mut level: Vec<Value<'c, 'a>> = (0..groups).map(|i| vs.get(i).copied().unwrap_or(zero)).collect();
+        // `seg`: lanes per segment of the vectors in `level`.
+        let mut seg = lanes;
+        while level.len() > 1 {
+            let half = seg / 2;
+            let (mut lo, mut hi) = (Vec::with_capacity(lanes), Vec::with_capacity(lanes));
+            for base in [0, lanes] {
+                for s in (0..lanes).step_by(seg) {
+                    lo.extend((s..s + half).map(|i| base + i));
+                    hi.extend((s + half..s + seg).map(|i| base + i));
+                }
+            }
+            level = level.chunks(2).map(|p| self.addf_fast(self.shuffle(p[0], p[1], &lo), self.shuffle(p[0], p[1], &hi))).collect();
+            seg = half;
+        }
+        let mut v = level[0];
+        while seg > 1 {
+            let half = seg / 2;
+            let mask: Vec<usize> = (0..lanes).map(|i| if i % seg < half { i + half } else { i }).collect();
+            v = self.addf_fast(v, self.shuffle(v, v, &mask));
+            seg = half;
+        }
+        let width = lanes / groups;
+        (0..vs.len()).map(|i| self.extract(v, i * width)).collect()
+    }
+
     // ---- memory ----------------------------------------------------------------------------------
 
     /// Loads `lanes` consecutive f32 (1 = a scalar load).
