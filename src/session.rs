@@ -7,6 +7,7 @@
 use anyhow::{Context as _, Result, anyhow};
 use kiln_cache::{BuildOutput, Cache, Key, Status};
 use kiln_runtime::engine::{Engine, EngineConfig, EngineError, WeightSource};
+use kiln_runtime::hub;
 use kiln_runtime::library::LibraryError;
 use kiln_runtime::model::{self, LoadedModel, ModelConfig, Weights};
 use kiln_runtime::tokenizer::Tokenizer;
@@ -231,12 +232,24 @@ pub struct PreparedModel {
 }
 
 impl PreparedModel {
-    /// Reads the model at `path` (config, weight headers, tokenizer).
+    /// Reads the model at `path` (config, weight headers, tokenizer); a Hugging Face hub id
+    /// is downloaded first (see [`resolve_model`]), with progress on stderr.
     pub fn load(path: &Path) -> Result<PreparedModel> {
+        PreparedModel::load_with(path, false)
+    }
+
+    /// [`PreparedModel::load`]; `quiet` hides the download progress.
+    pub fn load_with(path: &Path, quiet: bool) -> Result<PreparedModel> {
         let started = Instant::now();
-        let LoadedModel { dir, config, spec, weights } = model::load(path)?;
+        let path = resolve_model(path, quiet)?;
+        let LoadedModel { dir, config, spec, weights } = model::load(&path)?;
         let tokenizer = Tokenizer::from_dir(&dir)?;
-        Ok(PreparedModel { dir, config, spec, tokenizer, weights: Arc::new(ModelWeights(weights)), started })
+        let mut weights: Arc<dyn WeightSource> = Arc::new(ModelWeights(weights));
+        if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") {
+            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&spec, weights.as_ref()).map_err(anyhow::Error::msg)?;
+            weights = Arc::new(resident);
+        }
+        Ok(PreparedModel { dir, config, spec, tokenizer, weights, started })
     }
 
     /// The KV-cache capacity an engine opened with `opts` will have.
@@ -271,7 +284,7 @@ impl PreparedModel {
 impl Session {
     /// Loads the model at `path`, finds or compiles its library, and builds the engine.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Session> {
-        PreparedModel::load(path)?.into_session(opts)
+        PreparedModel::load_with(path, !opts.progress)?.into_session(opts)
     }
 
     /// EOS ids: the model config's and the tokenizer's, merged.
@@ -284,6 +297,20 @@ impl Session {
         }
         ids
     }
+}
+
+/// The local folder or file of `MODEL`: `path` itself, unless it does not exist and reads as a
+/// Hugging Face hub id (`org/name[@revision]`), which is then resolved in the Hugging Face cache
+/// (`HF_HOME`, `HF_HUB_CACHE`) and downloaded there if missing, as `HF_ENDPOINT`, `HF_TOKEN`
+/// and `HF_HUB_OFFLINE` say. `quiet` hides the download progress bars.
+pub fn resolve_model(path: &Path, quiet: bool) -> Result<PathBuf> {
+    let Some(id) = path.to_str().filter(|s| hub::is_hub_id(s)) else {
+        return Ok(path.to_path_buf());
+    };
+    let mut options = hub::HubOptions::from_env();
+    options.quiet |= quiet;
+    hub::resolve(id, &options)
+        .with_context(|| format!("{id} is not a local folder or file, so it was taken as a Hugging Face model id"))
 }
 
 /// Turns an `anyhow` error chain into one line for the CLI.

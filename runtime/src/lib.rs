@@ -11,6 +11,7 @@ pub mod model;
 pub mod plan;
 pub mod pool;
 pub mod probe;
+pub mod resident;
 pub mod sampler;
 pub mod tokenizer;
 

@@ -89,7 +89,7 @@ pub fn run_probe(library: &Path, buffer_bytes: usize, f32_lanes: usize, passes: 
     let read_fn = lib.get(&read).expect("bound");
     let fma_fn = lib.get(&fma).expect("bound");
     let cores = physical_cores();
-    let mut buf = AlignedBuf::zeroed(buffer_bytes);
+    let mut buf = if std::env::var_os("KILN_PROBE_HUGE").is_some() { AlignedBuf::zeroed_huge(buffer_bytes) } else { AlignedBuf::zeroed(buffer_bytes) };
     // Touch every page first so page faults are not measured.
     for (i, v) in buf.f32s_mut(buffer_bytes / 4).iter_mut().enumerate() {
         *v = (i % 1024) as f32 * 1e-3;

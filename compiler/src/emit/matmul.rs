@@ -8,8 +8,10 @@
 //! disjoint slice of the weight matrix and only the last one meets the `n % nb` remainder,
 //! whose size is therefore a constant.
 //!
-//! * Decode (`max_rows = 1`) is a pure weight stream: `mr = 1`, weights widened in registers
-//!   as they are loaded.
+//! * Decode (`max_rows = 1`) is a pure weight stream. Each thread walks its contiguous range
+//!   of rows one row at a time, so the matrix is read in address order as one long stream (the
+//!   pattern hardware prefetchers follow best; interleaving several short rows restarts their
+//!   streams every row), with several accumulators per row to hide FMA latency.
 //! * Prefill is compute-bound: each block of `nb` weight rows is widened to f32 once into a
 //!   stack scratch and reused by every row tile, so the inner loop is only loads and FMAs.
 
@@ -18,9 +20,8 @@ use crate::ir::{Kb, lanes_for};
 use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
 
-/// Weight rows per decode micro-kernel: enough independent streams in flight to cover memory
-/// latency.
-const DECODE_NB: usize = 4;
+/// Independent accumulators per row in decode (the k loop is unrolled by this many vectors).
+const DECODE_UNROLL: usize = 4;
 
 /// Largest prefill weight scratch (`nb * k * 4` bytes) placed on the stack; beyond it the
 /// weights are widened in registers as in decode.
@@ -60,8 +61,11 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         accumulate: *accumulate,
     };
     let w = p[1];
+    if *max_rows == 1 {
+        return m.decode(b, w, *wdtype, *n, d);
+    }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };
-    let (mr, nb) = if *max_rows == 1 { (1, DECODE_NB) } else { prefill_tile(max_lanes) };
+    let (mr, nb) = prefill_tile(max_lanes);
     let nb = nb.min(*n);
     let scratch = (*max_rows > 1 && *wdtype != DType::F32 && nb * k * 4 <= MAX_SCRATCH_BYTES).then(|| {
         let ty = b.ty(&format!("memref<{nb}x{k}xf32>"));
@@ -115,6 +119,42 @@ fn widen_rows<'c>(b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, scratch: Value<
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
+    /// Decode: rows of the weight matrix in address order, `unroll` accumulators per row.
+    fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
+        let lanes = self.lanes;
+        let unroll = [DECODE_UNROLL, 2, 1].into_iter().find(|u| self.k % (u * lanes) == 0).unwrap_or(1);
+        let total = b.idx(n);
+        let (start, end) = thread_range(b, total, d, 1);
+        let (zero, one) = (b.idx(0), b.idx(1));
+        let row = b.idx(0);
+        b.for_each(start, end, one, |b, col| {
+            let inits: Vec<Value> = (0..unroll).map(|_| b.zero_like(lanes)).collect();
+            let (kc, step) = (b.idx(self.k), b.idx(unroll * lanes));
+            let acc = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
+                (0..unroll)
+                    .map(|u| {
+                        let k = b.addi(kk, b.idx(u * lanes));
+                        let wv = b.load_weight(w, &[col, k], lanes, dtype);
+                        let xv = b.load_f32(self.x, &[row, k], lanes);
+                        b.fma(wv, xv, acc[u])
+                    })
+                    .collect()
+            });
+            let mut sum = acc[0];
+            for &a in &acc[1..] {
+                sum = b.addf_fast(sum, a);
+            }
+            let mut s = b.reduce_add(sum);
+            if let Some((bias, bdtype)) = self.bias {
+                s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
+            }
+            if self.accumulate {
+                s = b.addf(b.load_f32(self.y, &[row, col], 1), s);
+            }
+            b.store(s, self.y, &[row, col]);
+        });
+    }
+
     /// Computes the `mr x nb` outputs at rows `r0..r0+mr`, columns `n0..n0+nb`.
     fn micro(&self, b: Kb<'c, '_>, src: WeightSrc<'c, '_>, r0: Value<'c, '_>, n0: Value<'c, '_>, mr: usize, nb: usize) {
         let lanes = self.lanes;
