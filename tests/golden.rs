@@ -137,7 +137,9 @@ fn prefill_and_decode_agree_position_by_position() {
             let prefilled = session.engine.prefill(&ids[..=t]).unwrap().to_vec();
             let diff = max_abs_diff(&prefilled, &decoded[t]);
             worst = worst.max(diff);
-            assert!(diff <= 1e-5, "{name}: position {t}: prefill and decode logits differ by {diff}");
+            // Every output is computed by the same arithmetic in both regimes (one accumulator
+            // per output, the same k order and lane-summing tree), so they agree exactly.
+            assert!(diff == 0.0, "{name}: position {t}: prefill and decode logits differ by {diff}");
         }
         eprintln!("{name}: prefill vs decode max |diff| = {worst:e}");
     }

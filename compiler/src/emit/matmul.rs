@@ -11,7 +11,9 @@
 //! * Decode (`max_rows = 1`) is a pure weight stream. Each thread walks its contiguous range
 //!   of rows one row at a time, so the matrix is read in address order as one long stream (the
 //!   pattern hardware prefetchers follow best; interleaving several short rows restarts their
-//!   streams every row), with several accumulators per row to hide FMA latency.
+//!   streams every row). One vector accumulator per row and the same lane-summing tree as
+//!   prefill make every output bitwise identical between decode and prefill: the single FMA
+//!   chain still allows ~8 bytes of bf16 weights per cycle per core, above what memory delivers.
 //! * Prefill is compute-bound: each block of `nb` weight rows is widened to f32 once into a
 //!   stack scratch and reused by every row tile, so the inner loop is only loads and FMAs.
 
@@ -20,8 +22,6 @@ use crate::ir::{Kb, lanes_for};
 use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
 
-/// Independent accumulators per row in decode (the k loop is unrolled by this many vectors).
-const DECODE_UNROLL: usize = 4;
 
 /// Largest prefill weight scratch (`nb * k * 4` bytes) placed on the stack; beyond it the
 /// weights are widened in registers as in decode.
@@ -119,32 +119,22 @@ fn widen_rows<'c>(b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, scratch: Value<
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// Decode: rows of the weight matrix in address order, `unroll` accumulators per row.
+    /// Decode: rows of the weight matrix in address order, one accumulator per row.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let lanes = self.lanes;
-        let unroll = [DECODE_UNROLL, 2, 1].into_iter().find(|u| self.k % (u * lanes) == 0).unwrap_or(1);
         let total = b.idx(n);
         let (start, end) = thread_range(b, total, d, 1);
         let (zero, one) = (b.idx(0), b.idx(1));
         let row = b.idx(0);
         b.for_each(start, end, one, |b, col| {
-            let inits: Vec<Value> = (0..unroll).map(|_| b.zero_like(lanes)).collect();
-            let (kc, step) = (b.idx(self.k), b.idx(unroll * lanes));
-            let acc = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
-                (0..unroll)
-                    .map(|u| {
-                        let k = b.addi(kk, b.idx(u * lanes));
-                        let wv = b.load_weight(w, &[col, k], lanes, dtype);
-                        let xv = b.load_f32(self.x, &[row, k], lanes);
-                        b.fma(wv, xv, acc[u])
-                    })
-                    .collect()
+            let init = b.zero_like(lanes);
+            let (kc, step) = (b.idx(self.k), b.idx(lanes));
+            let acc = b.for_range(zero, kc, step, &[init], |b, kk, acc| {
+                let wv = b.load_weight(w, &[col, kk], lanes, dtype);
+                let xv = b.load_f32(self.x, &[row, kk], lanes);
+                vec![b.fma(wv, xv, acc[0])]
             });
-            let mut sum = acc[0];
-            for &a in &acc[1..] {
-                sum = b.addf_fast(sum, a);
-            }
-            let mut s = b.reduce_add(sum);
+            let mut s = b.reduce_many(&acc)[0];
             if let Some((bias, bdtype)) = self.bias {
                 s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
             }
