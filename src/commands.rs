@@ -1,9 +1,11 @@
 //! What each CLI command does, in terms of the session and the crates. Output formatting lives
 //! here; engine logic does not.
 
+use crate::chat;
 use crate::session::{self, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache};
 use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
+use kiln_runtime::chat_template::RenderOptions;
 use kiln_runtime::generate::{GenerateOptions, generate};
 use kiln_runtime::model;
 use kiln_runtime::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
@@ -67,13 +69,24 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
 pub struct RunArgs {
     pub model: PathBuf,
     pub prompt: String,
+    /// Send the prompt as one user turn through the chat template.
+    pub chat: bool,
+    /// System prompt (with `chat`).
+    pub system: Option<String>,
+    /// Show reasoning blocks; otherwise the template is asked not to think and they are hidden
+    /// (with `chat`).
+    pub think: bool,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
+    /// Stop strings (not printed).
+    pub stop: Vec<String>,
     pub threads: Option<usize>,
     pub prefill_block: Option<usize>,
     pub ctx: Option<usize>,
     pub show_special: bool,
     pub json: bool,
+    /// No progress bars or statistics on stderr.
+    pub quiet: bool,
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
@@ -82,11 +95,23 @@ pub fn run(args: &RunArgs) -> Result<()> {
         threads: args.threads,
         ctx: args.ctx,
         prefill_rows: args.prefill_block,
-        progress: !args.json,
+        progress: !args.json && !args.quiet,
         ..OpenOptions::default()
     };
-    let prepared = PreparedModel::load(&args.model)?;
-    let prompt_ids = prepared.tokenizer.encode(&args.prompt, true)?;
+    let prepared = PreparedModel::load_with(&args.model, !opts.progress)?;
+    // With --chat: the rendered prompt, and whether it leaves the reply inside a <think> block.
+    let (prompt_ids, starts_thinking) = if args.chat {
+        let template = chat::load_template(&prepared.tokenizer, &args.model, "run without --chat to send the prompt as raw text")?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: chat::thinking_option(&prepared.tokenizer, args.think),
+            ..RenderOptions::default()
+        };
+        let prompt = chat::render_single(&template, &options, args.system.as_deref(), &args.prompt)?;
+        (prepared.tokenizer.encode(&prompt.text, false)?, prompt.opens_thinking)
+    } else {
+        (prepared.tokenizer.encode(&args.prompt, true)?, false)
+    };
     if prompt_ids.is_empty() {
         anyhow::bail!("the prompt encodes to no tokens");
     }
@@ -99,23 +124,36 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     let mut session = prepared.into_session(&opts)?;
+    let eos_token_ids = if args.chat { chat::chat_stop_ids(&session.tokenizer, session.eos_token_ids()) } else { session.eos_token_ids() };
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling,
-        eos_token_ids: session.eos_token_ids(),
+        eos_token_ids,
         show_special: args.show_special,
+        stop: args.stop.clone(),
+        cancel: None,
     };
     let json = args.json;
     let stdout = std::io::stdout();
+    // Raw prompts print the text as it is; chat replies go through the reasoning filter.
+    let mut printer = args.chat.then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled()));
     let mut on_text = |piece: &str| {
         if !json {
             let mut out = stdout.lock();
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
+            match &mut printer {
+                Some(p) => p.push(piece, &mut out),
+                None => {
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                }
+            }
         }
     };
     let tokenizer = session.tokenizer.clone();
     let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut on_text)?;
+    if let (Some(p), false) = (&mut printer, json) {
+        p.finish(&mut stdout.lock());
+    }
     crate::bench::write_profile(&session)?;
     if json {
         let report = json!({
@@ -123,6 +161,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "token_ids": generation.token_ids,
             "text": generation.text,
             "stop_reason": generation.stop.as_str(),
+            "stop_string": generation.stop_string,
             "prefill_tok_s": generation.prefill_tok_s(),
             "decode_tok_s": generation.decode_tok_s(),
             "prefill_s": generation.prefill_seconds,
@@ -131,6 +170,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "cache_hit": session.library.cache_hit(),
             "open_s": session.open_seconds,
             "cache_key": session.library.key.to_string(),
+            "model_dir": session.dir.display().to_string(),
             "threads": session.engine.threads(),
             "prefill_block": session.engine.prefill_block(),
             "seed": generation.seed,
@@ -138,15 +178,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
         });
         println!("{report}");
     } else {
-        println!();
-        eprintln!(
-            "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}]",
-            generation.prompt_token_ids.len(),
-            generation.prefill_tok_s(),
-            generation.token_ids.len(),
-            generation.decode_tok_s(),
-            if session.library.cache_hit() { "cached library".to_string() } else { format!("compiled in {:.2} s", session.library.compile_seconds) },
-        );
+        let mut out = stdout.lock();
+        let _ = writeln!(out);
+        let _ = out.flush();
+        if !args.quiet {
+            eprintln!(
+                "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}]",
+                generation.prompt_token_ids.len(),
+                generation.prefill_tok_s(),
+                generation.token_ids.len(),
+                generation.decode_tok_s(),
+                if session.library.cache_hit() { "cached library".to_string() } else { format!("compiled in {:.2} s", session.library.compile_seconds) },
+            );
+        }
     }
     Ok(())
 }

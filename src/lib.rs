@@ -2,5 +2,6 @@
 //! implementation of the CLI's commands.
 
 pub mod bench;
+pub mod chat;
 pub mod commands;
 pub mod session;

@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 use kiln::commands;
+use kiln_runtime::sampler::SamplingParams;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,12 +32,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Generate text from a raw prompt.
+    /// Generate text from a prompt: raw text, or one user turn through the chat template (--chat).
     Run {
+        /// Model folder, its config.json, or a Hugging Face id (org/name or org/name@revision).
         model: PathBuf,
-        /// The prompt, as raw text (no chat template).
+        /// The prompt: raw text, or with --chat the user's message.
         #[arg(long, short)]
         prompt: String,
+        /// Send the prompt as one user turn through the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// System prompt (with --chat).
+        #[arg(long, requires = "chat")]
+        system: Option<String>,
+        /// Show the model's reasoning (<think> blocks); without it the template is asked not to
+        /// think and reasoning is hidden (with --chat).
+        #[arg(long, requires = "chat")]
+        think: bool,
         /// Maximum number of tokens to generate.
         #[arg(long, default_value_t = 256)]
         max_tokens: usize,
@@ -53,6 +65,45 @@ enum Command {
         /// Print one JSON object at the end instead of streaming text.
         #[arg(long)]
         json: bool,
+        /// No progress bars and no statistics on stderr: only the generated text on stdout.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Chat with a model: a multi-turn session whose KV cache is kept across turns.
+    Chat {
+        /// Model folder, its config.json, or a Hugging Face id (org/name or org/name@revision).
+        model: PathBuf,
+        /// System prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// Show the model's reasoning (<think> blocks, dimmed on a terminal); without it the
+        /// template is asked not to think and reasoning is hidden.
+        #[arg(long)]
+        think: bool,
+        /// Maximum tokens per reply (default: until the end of the turn or a full context).
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        #[command(flatten)]
+        build: BuildArgs,
+        /// KV-cache capacity in tokens (default: the model's limit, at most 4096).
+        #[arg(long)]
+        ctx: Option<usize>,
+        /// One JSON object per event on stdout (ready, start, turn, reset, context_full, ...)
+        /// instead of streamed text: a transcript for scripts.
+        #[arg(long)]
+        json: bool,
+        /// After each reply, print on stderr how many prompt tokens were reused from the KV cache
+        /// and how many were prefilled, with speeds.
+        #[arg(long)]
+        stats: bool,
+        /// No banner, progress bars or statistics.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Sleep this long before each decode step (for tests that interrupt a reply).
+        #[arg(long, hide = true, default_value_t = 0)]
+        debug_decode_delay_ms: u64,
     },
     /// Describe a model: architecture, dimensions, size, cache state.
     Info {
@@ -141,9 +192,38 @@ struct SamplingArgs {
     /// Drop tokens below this fraction of the top probability (0 = off).
     #[arg(long, default_value_t = 0.05)]
     min_p: f32,
-    /// Seed for sampling (default: random; printed with --json).
+    /// Seed for sampling (default: random; printed with --json). The same seed gives the same
+    /// output.
     #[arg(long)]
     seed: Option<u64>,
+    /// Divide the positive logits of tokens already in the text by this, multiply the negative
+    /// ones (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Subtract this from a token's logit for each time it occurs in the text (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Subtract this from the logit of every token that occurs in the text (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long, value_name = "STRING", allow_hyphen_values = true)]
+    stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -167,24 +247,41 @@ fn dispatch(cli: Cli) -> Result<()> {
             prefill_block: build.prefill_block,
             json,
         }),
-        Command::Run { model, prompt, max_tokens, sampling, build, ctx, show_special, json } => commands::run(&commands::RunArgs {
-            model,
-            prompt,
-            max_tokens,
-            sampling: kiln_runtime::sampler::SamplingParams {
-                temperature: sampling.temperature,
-                top_k: sampling.top_k,
-                top_p: sampling.top_p,
-                min_p: sampling.min_p,
-                seed: sampling.seed,
-                ..kiln_runtime::sampler::SamplingParams::greedy()
-            },
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            ctx,
-            show_special,
-            json,
-        }),
+        Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, json, quiet } => {
+            commands::run(&commands::RunArgs {
+                model,
+                prompt,
+                chat,
+                system,
+                think,
+                max_tokens,
+                sampling: sampling.params(),
+                stop: sampling.stop,
+                threads: build.threads,
+                prefill_block: build.prefill_block,
+                ctx,
+                show_special,
+                json,
+                quiet,
+            })
+        }
+        Command::Chat { model, system, think, max_tokens, sampling, build, ctx, json, stats, quiet, debug_decode_delay_ms } => {
+            kiln::chat::chat(&kiln::chat::ChatArgs {
+                model,
+                system,
+                think,
+                max_tokens,
+                sampling: sampling.params(),
+                stop: sampling.stop,
+                threads: build.threads,
+                prefill_block: build.prefill_block,
+                ctx,
+                json,
+                stats,
+                quiet,
+                decode_delay_ms: debug_decode_delay_ms,
+            })
+        }
         Command::Info { model, build, json } => commands::info(&model, build.prefill_block, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
         Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json, print_prompt } => kiln::bench::bench(&kiln::bench::BenchArgs {

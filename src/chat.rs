@@ -1,0 +1,836 @@
+//! `kiln chat`: a multi-turn conversation over one KV cache, and the pieces `kiln run --chat`
+//! shares with it (rendering one turn, end-of-turn ids, printing a reply with or without its
+//! reasoning).
+//!
+//! Each turn the whole conversation is rendered through the model's chat template and encoded;
+//! the engine keeps the longest prefix of those ids that it already holds and prefills only
+//! the rest. The rendering is not always an extension of the previous one (ChatML writes a
+//! newline after `<|im_end|>` that the model never generated, Qwen3 drops the reasoning of old
+//! turns, a stop string cut the reply), which the comparison of token ids handles.
+//!
+//! Input is read with line editing and history (rustyline) when stdin is a terminal, and line
+//! by line otherwise, so the REPL can be driven through a pipe. With `--json` every event is
+//! one JSON object on stdout (a transcript for scripts and tests); otherwise replies stream to
+//! stdout and notes go to stderr.
+
+use crate::session::{OpenOptions, PreparedModel, Session};
+use anyhow::{Context as _, Result, anyhow};
+use kiln_runtime::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
+use kiln_runtime::engine::{Engine, EngineError};
+use kiln_runtime::generate::{self, GenerateOptions, Generation, Model, Part, StopReason, ThinkFilter};
+use kiln_runtime::sampler::{Sampler, SamplingParams};
+use kiln_runtime::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+use std::io::{BufRead as _, IsTerminal as _, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Special tokens that end an assistant turn in the common chat formats. Generation in chat
+/// mode stops at those the tokenizer has, besides the model's EOS ids: a small model's
+/// `generation_config.json` does not always list its end-of-turn token.
+const END_OF_TURN_TOKENS: [&str; 6] = [
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+];
+
+/// ANSI: dim and italic on, then everything off.
+const STYLE_THINKING: &str = "\x1b[2;3m";
+const STYLE_RESET: &str = "\x1b[0m";
+
+/// `eos` plus the end-of-turn special tokens of [`END_OF_TURN_TOKENS`] that the tokenizer has.
+pub fn chat_stop_ids(tokenizer: &Tokenizer, mut eos: Vec<u32>) -> Vec<u32> {
+    for name in END_OF_TURN_TOKENS {
+        if let Some(id) = tokenizer.token_to_id(name)
+            && tokenizer.is_special(id)
+            && !eos.contains(&id)
+        {
+            eos.push(id);
+        }
+    }
+    eos
+}
+
+/// The model's chat template, or an error naming `model` and what to do instead (`hint`).
+pub fn load_template(tokenizer: &Tokenizer, model: &Path, hint: &str) -> Result<ChatTemplate> {
+    ChatTemplate::from_tokenizer(tokenizer)?.ok_or_else(|| {
+        anyhow!(
+            "model {} has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); {hint}",
+            model.display()
+        )
+    })
+}
+
+/// `enable_thinking` for a template: asked for when the template reads the variable (Qwen3),
+/// left undefined otherwise.
+pub fn thinking_option(tokenizer: &Tokenizer, think: bool) -> Option<bool> {
+    tokenizer
+        .chat_template()
+        .is_some_and(|t| t.contains("enable_thinking"))
+        .then_some(think)
+}
+
+/// A rendered prompt of one or more turns.
+pub struct ChatPrompt {
+    pub text: String,
+    /// The prompt ends inside an open `<think>` block: the reply starts with reasoning.
+    pub opens_thinking: bool,
+}
+
+/// Renders `system` (if any) and one user turn with the generation prompt (`kiln run --chat`).
+pub fn render_single(
+    template: &ChatTemplate,
+    options: &RenderOptions,
+    system: Option<&str>,
+    user: &str,
+) -> Result<ChatPrompt> {
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(Message::system(s));
+    }
+    messages.push(Message::user(user));
+    let text = template.render(&messages, options)?;
+    Ok(ChatPrompt {
+        opens_thinking: generate::prompt_opens_thinking(&text),
+        text,
+    })
+}
+
+/// Whether replies on stdout get ANSI styles: stdout is a terminal and `NO_COLOR` is unset.
+pub fn stdout_styled() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Prints a streamed reply, showing or hiding its reasoning. Shown reasoning is dim and italic
+/// (without its tags) when styled, and printed as it is, tags included, when not. Hidden
+/// reasoning is replaced, on a terminal, by a dim "thinking…" that is erased when it ends; the
+/// whitespace that follows a hidden block is dropped.
+pub struct ReplyPrinter {
+    filter: ThinkFilter,
+    show_thinking: bool,
+    styled: bool,
+    /// After a hidden block, until the answer's first non-space character.
+    skip_space: bool,
+    /// The "thinking…" indicator is on screen.
+    indicator: bool,
+}
+
+impl ReplyPrinter {
+    pub fn new(show_thinking: bool, start_thinking: bool, styled: bool) -> ReplyPrinter {
+        ReplyPrinter {
+            filter: ThinkFilter::new(start_thinking),
+            show_thinking,
+            styled,
+            skip_space: false,
+            indicator: false,
+        }
+    }
+
+    pub fn push(&mut self, text: &str, out: &mut dyn Write) {
+        let mut filter = std::mem::take(&mut self.filter);
+        if filter.is_thinking()
+            && !self.show_thinking
+            && self.styled
+            && !self.indicator
+            && text.contains(|c: char| !c.is_whitespace())
+        {
+            // Started inside a block: the prompt opened it.
+            self.show_indicator(out);
+        }
+        filter.push(text, &mut |part| self.part(part, out));
+        self.filter = filter;
+        let _ = out.flush();
+    }
+
+    /// Ends the reply (held-back text is printed, styles are reset).
+    pub fn finish(&mut self, out: &mut dyn Write) {
+        let mut filter = std::mem::take(&mut self.filter);
+        filter.finish(&mut |part| self.part(part, out));
+        if self.indicator {
+            self.clear_indicator(out);
+        }
+        let _ = out.flush();
+    }
+
+    fn show_indicator(&mut self, out: &mut dyn Write) {
+        let _ = write!(out, "{STYLE_THINKING}thinking…{STYLE_RESET}");
+        self.indicator = true;
+    }
+
+    fn clear_indicator(&mut self, out: &mut dyn Write) {
+        let _ = write!(out, "\r\x1b[2K");
+        self.indicator = false;
+    }
+
+    fn part(&mut self, part: Part<'_>, out: &mut dyn Write) {
+        let _ = match (part, self.show_thinking, self.styled) {
+            (Part::Answer(t), ..) => {
+                let t = if self.skip_space { t.trim_start() } else { t };
+                self.skip_space &= t.is_empty();
+                out.write_all(t.as_bytes())
+            }
+            (Part::Thinking(t), true, true) => write!(out, "{STYLE_THINKING}{t}{STYLE_RESET}"),
+            (Part::Thinking(t), true, false) => out.write_all(t.as_bytes()),
+            (Part::Open, true, false) => out.write_all(generate::think::OPEN.as_bytes()),
+            (Part::Close, true, false) => out.write_all(generate::think::CLOSE.as_bytes()),
+            (Part::Open, false, true) => {
+                self.show_indicator(out);
+                Ok(())
+            }
+            (Part::Close, false, _) => {
+                if self.indicator {
+                    self.clear_indicator(out);
+                }
+                self.skip_space = true;
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+    }
+}
+
+/// What `kiln chat` was asked for.
+pub struct ChatArgs {
+    pub model: PathBuf,
+    pub system: Option<String>,
+    pub think: bool,
+    /// Per reply; `None`: until the end of the turn or a full context.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub ctx: Option<usize>,
+    pub json: bool,
+    pub stats: bool,
+    pub quiet: bool,
+    /// Test hook: sleep this long before each decode step (to interrupt a reply reliably).
+    pub decode_delay_ms: u64,
+}
+
+/// Runs the REPL until `/exit`, Ctrl-D or the end of the input.
+pub fn chat(args: &ChatArgs) -> Result<()> {
+    args.sampling.validate()?;
+    let opts = OpenOptions {
+        threads: args.threads,
+        ctx: args.ctx,
+        prefill_rows: args.prefill_block,
+        progress: !args.json && !args.quiet,
+        ..OpenOptions::default()
+    };
+    let prepared = PreparedModel::load_with(&args.model, !opts.progress)?;
+    let template = load_template(
+        &prepared.tokenizer,
+        &args.model,
+        "kiln chat needs one: use `kiln run` with a raw prompt",
+    )?;
+    let session = prepared.into_session(&opts)?;
+    let interactive = std::io::stdin().is_terminal();
+    let interrupt = Interrupt::install(!interactive)?;
+    let mut chat = Chat::new(session, template, args, interrupt);
+    let mut input = Input::new(interactive)?;
+    chat.ready(&args.model);
+    loop {
+        match input.read()? {
+            Read::Line(line) => {
+                if chat.handle(&line) == Flow::Exit {
+                    break;
+                }
+            }
+            Read::NotUtf8 => chat.error("the line is not UTF-8 text; it was skipped"),
+            Read::Interrupted => chat.note("(Ctrl-D or /exit quits)"),
+            Read::Eof => break,
+        }
+    }
+    chat.event(json!({"event": "exit"}));
+    Ok(())
+}
+
+/// Ctrl-C: while a reply is generated it sets the cancel flag; at the prompt of a
+/// non-interactive session it exits (a terminal session reads Ctrl-C as a key instead).
+#[derive(Clone)]
+struct Interrupt {
+    cancel: Arc<AtomicBool>,
+    generating: Arc<AtomicBool>,
+}
+
+impl Interrupt {
+    fn install(exit_when_idle: bool) -> Result<Interrupt> {
+        let me = Interrupt {
+            cancel: Arc::new(AtomicBool::new(false)),
+            generating: Arc::new(AtomicBool::new(false)),
+        };
+        let handler = me.clone();
+        ctrlc::set_handler(move || {
+            if handler.generating.load(Ordering::SeqCst) {
+                handler.cancel.store(true, Ordering::SeqCst);
+            } else if exit_when_idle {
+                std::process::exit(130);
+            }
+        })
+        .context("installing the Ctrl-C handler")?;
+        Ok(me)
+    }
+
+    fn begin(&self) {
+        self.cancel.store(false, Ordering::SeqCst);
+        self.generating.store(true, Ordering::SeqCst);
+    }
+
+    fn end(&self) {
+        self.generating.store(false, Ordering::SeqCst);
+    }
+}
+
+enum Read {
+    Line(String),
+    NotUtf8,
+    Interrupted,
+    Eof,
+}
+
+/// Where lines come from: a line editor on a terminal, plain lines otherwise.
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>),
+    Plain(std::io::StdinLock<'static>),
+}
+
+impl Input {
+    fn new(interactive: bool) -> Result<Input> {
+        Ok(if interactive {
+            Input::Editor(Box::new(
+                rustyline::DefaultEditor::new().context("starting the line editor")?,
+            ))
+        } else {
+            Input::Plain(std::io::stdin().lock())
+        })
+    }
+
+    fn read(&mut self) -> Result<Read> {
+        match self {
+            Input::Editor(editor) => match editor.readline(">>> ") {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        let _ = editor.add_history_entry(line.as_str());
+                    }
+                    Ok(Read::Line(line))
+                }
+                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Read::Interrupted),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(Read::Eof),
+                Err(e) => Err(anyhow!(e).context("reading the input")),
+            },
+            Input::Plain(stdin) => {
+                let mut buf = Vec::new();
+                if stdin.read_until(b'\n', &mut buf).context("reading the input")? == 0 {
+                    return Ok(Read::Eof);
+                }
+                while buf.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+                    buf.pop();
+                }
+                Ok(String::from_utf8(buf).map_or(Read::NotUtf8, Read::Line))
+            }
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Exit,
+}
+
+const HELP: &str = "\
+commands:
+  /help          this list
+  /reset         start a new conversation (the system prompt is kept)
+  /system TEXT   set the system prompt (/system alone shows it)
+  /drop [N]      forget the N oldest exchanges (default 1), to make room in the context
+  /exit, /quit   leave (so does Ctrl-D)
+Ctrl-C stops the reply being written. Start a message with // to send a line beginning with /.";
+
+/// The engine, slowed down for tests (see [`ChatArgs::decode_delay_ms`]).
+struct Paced<'a> {
+    engine: &'a mut Engine,
+    delay: Duration,
+}
+
+impl Model for Paced<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        self.engine.prefill(tokens)
+    }
+    fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        self.engine.decode(token)
+    }
+    fn position(&self) -> usize {
+        self.engine.position()
+    }
+    fn ctx(&self) -> usize {
+        self.engine.ctx()
+    }
+}
+
+/// The longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// How much of a rendered conversation (`ids`) must be prefilled when the KV cache holds
+/// `cached`: returns the number of cached ids to keep. At least one id is always prefilled, as
+/// the logits of the last one are needed.
+fn reusable_prefix(cached: &[u32], ids: &[u32]) -> usize {
+    common_prefix(cached, ids).min(ids.len().saturating_sub(1))
+}
+
+/// Drops the `n` oldest exchanges (a user message and what follows it up to the next one)
+/// from `messages`; returns how many were dropped.
+fn drop_oldest(messages: &mut Vec<Message>, n: usize) -> usize {
+    let mut dropped = 0;
+    while dropped < n && !messages.is_empty() {
+        let end = messages
+            .iter()
+            .skip(1)
+            .position(|m| m.role == "user")
+            .map_or(messages.len(), |i| i + 1);
+        messages.drain(..end);
+        dropped += 1;
+    }
+    dropped
+}
+
+struct Chat {
+    session: Session,
+    template: ChatTemplate,
+    render: RenderOptions,
+    think: bool,
+    system: Option<String>,
+    /// The conversation without the system prompt.
+    messages: Vec<Message>,
+    /// The ids whose keys and values are in the KV cache (`engine.position()` of them).
+    cached: Vec<u32>,
+    sampler: Sampler,
+    options: GenerateOptions,
+    /// A message that did not fit in the context, resent after `/drop` or `/reset`.
+    pending: Option<String>,
+    turns: usize,
+    json: bool,
+    stats: bool,
+    quiet: bool,
+    styled: bool,
+    delay: Duration,
+    interrupt: Interrupt,
+}
+
+impl Chat {
+    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, interrupt: Interrupt) -> Chat {
+        let render = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: thinking_option(&session.tokenizer, args.think),
+            // Pinned, so that a date in the system header does not change under the cache.
+            now: Some(DateTime::now()),
+            ..RenderOptions::default()
+        };
+        let options = GenerateOptions {
+            max_tokens: args.max_tokens.unwrap_or(usize::MAX),
+            sampling: args.sampling,
+            eos_token_ids: chat_stop_ids(&session.tokenizer, session.eos_token_ids()),
+            show_special: false,
+            stop: args.stop.clone(),
+            cancel: Some(interrupt.cancel.clone()),
+        };
+        Chat {
+            sampler: Sampler::new(args.sampling),
+            session,
+            template,
+            render,
+            think: args.think,
+            system: args.system.clone(),
+            messages: Vec::new(),
+            cached: Vec::new(),
+            options,
+            pending: None,
+            turns: 0,
+            json: args.json,
+            stats: args.stats,
+            quiet: args.quiet,
+            styled: !args.json && stdout_styled(),
+            delay: Duration::from_millis(args.decode_delay_ms),
+            interrupt,
+        }
+    }
+
+    /// A JSON event on stdout (only with `--json`).
+    fn event(&self, value: Value) {
+        if self.json {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{value}");
+            let _ = out.flush();
+        }
+    }
+
+    /// A note for the user: stderr, or a `note` event with `--json`.
+    fn note(&self, text: &str) {
+        if self.json {
+            self.event(json!({"event": "note", "message": text}));
+        } else {
+            eprintln!("{text}");
+        }
+    }
+
+    fn error(&self, text: &str) {
+        if self.json {
+            self.event(json!({"event": "error", "message": text}));
+        } else {
+            eprintln!("error: {text}");
+        }
+    }
+
+    fn ready(&self, model: &Path) {
+        let engine = &self.session.engine;
+        self.event(json!({
+            "event": "ready",
+            "model": self.session.dir.display().to_string(),
+            "ctx": engine.ctx(),
+            "seed": self.sampler.seed(),
+            "enable_thinking": self.render.enable_thinking,
+            "cache_hit": self.session.library.cache_hit(),
+            "compile_s": self.session.library.compile_seconds,
+        }));
+        if !self.json && !self.quiet {
+            eprintln!(
+                "kiln chat: {} ({} tokens of context). /help for commands, Ctrl-C stops a reply, Ctrl-D quits.",
+                model.display(),
+                engine.ctx()
+            );
+        }
+    }
+
+    fn conversation(&self) -> Vec<Message> {
+        self.system
+            .iter()
+            .map(Message::system)
+            .chain(self.messages.iter().cloned())
+            .collect()
+    }
+
+    fn handle(&mut self, line: &str) -> Flow {
+        if line.trim().is_empty() {
+            return Flow::Continue;
+        }
+        if let Some(command) = line.strip_prefix('/')
+            && !command.starts_with('/')
+        {
+            return self.command(command.trim());
+        }
+        let text = if line.starts_with("//") { &line[1..] } else { line };
+        self.pending = None;
+        self.turn(text);
+        Flow::Continue
+    }
+
+    fn command(&mut self, command: &str) -> Flow {
+        let (name, rest) = command
+            .split_once(char::is_whitespace)
+            .map_or((command, ""), |(n, r)| (n, r.trim()));
+        match name {
+            "help" | "?" => {
+                if self.json {
+                    self.event(json!({"event": "help", "text": HELP}));
+                } else {
+                    eprintln!("{HELP}");
+                }
+            }
+            "exit" | "quit" => return Flow::Exit,
+            "reset" => {
+                self.messages.clear();
+                self.cached.clear();
+                self.session.engine.reset();
+                self.event(json!({"event": "reset"}));
+                if !self.json {
+                    eprintln!("[new conversation]");
+                }
+                self.resend_pending();
+            }
+            "system" if rest.is_empty() => match &self.system {
+                Some(s) => self.note(&format!("system prompt: {s}")),
+                None => self.note("no system prompt (the template's default applies, if it has one)"),
+            },
+            "system" => {
+                self.system = Some(rest.to_string());
+                self.event(json!({"event": "system", "text": rest}));
+                if !self.json {
+                    eprintln!("[system prompt set; it applies from the next reply]");
+                }
+            }
+            "drop" => {
+                let n = if rest.is_empty() { Ok(1) } else { rest.parse::<usize>() };
+                match n {
+                    Ok(n) if n > 0 => {
+                        let dropped = drop_oldest(&mut self.messages, n);
+                        let left = self.messages.iter().filter(|m| m.role == "user").count();
+                        self.event(json!({"event": "dropped", "exchanges": dropped, "left": left}));
+                        if !self.json {
+                            eprintln!("[forgot {dropped} exchange(s); {left} left]");
+                        }
+                        self.resend_pending();
+                    }
+                    _ => self.error(&format!("/drop takes a positive number of exchanges, not {rest:?}")),
+                }
+            }
+            _ => self.error(&format!("unknown command /{name}; /help lists them")),
+        }
+        Flow::Continue
+    }
+
+    fn resend_pending(&mut self) {
+        if let Some(text) = self.pending.take() {
+            if !self.json {
+                eprintln!("[resending your message]");
+            }
+            self.turn(&text);
+        }
+    }
+
+    /// One exchange: the user's `text` and the model's reply.
+    fn turn(&mut self, text: &str) {
+        self.messages.push(Message::user(text));
+        let rendered = match self.template.render(&self.conversation(), &self.render) {
+            Ok(r) => r,
+            Err(e) => {
+                self.messages.pop();
+                return self.error(&format!("{e}; the message was not sent"));
+            }
+        };
+        let tokenizer = self.session.tokenizer.clone();
+        let ids = match tokenizer.encode(&rendered, false) {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.messages.pop();
+                return self.error(&format!("{e}; the message was not sent"));
+            }
+        };
+        let ctx = self.session.engine.ctx();
+        if ids.len() >= ctx {
+            self.messages.pop();
+            return self.context_full(text, ids.len());
+        }
+        let keep = reusable_prefix(&self.cached, &ids);
+        self.session.engine.truncate(keep);
+        self.cached.truncate(keep);
+        self.turns += 1;
+        // From here a Ctrl-C stops the reply (and no longer ends a piped session).
+        self.interrupt.begin();
+        self.event(json!({"event": "start", "turn": self.turns, "prompt_tokens": ids.len(), "reused_tokens": keep}));
+
+        let mut printer = ReplyPrinter::new(self.think, generate::prompt_opens_thinking(&rendered), self.styled);
+        let json = self.json;
+        let stdout = std::io::stdout();
+        let mut on_text = |piece: &str| {
+            if !json {
+                printer.push(piece, &mut stdout.lock());
+            }
+        };
+        let result = generate::generate_with(
+            &mut Paced {
+                engine: &mut self.session.engine,
+                delay: self.delay,
+            },
+            &tokenizer,
+            &mut self.sampler,
+            &ids[..keep],
+            &ids[keep..],
+            &self.options,
+            &mut on_text,
+        );
+        self.interrupt.end();
+        if !json {
+            let mut out = stdout.lock();
+            printer.finish(&mut out);
+            let _ = writeln!(out);
+            let _ = out.flush();
+        }
+        match result {
+            Ok(generation) => {
+                let mut cached = ids;
+                cached.extend_from_slice(&generation.token_ids);
+                cached.truncate(self.session.engine.position());
+                self.cached = cached;
+                self.messages.push(Message::assistant(generation.text.clone()));
+                self.report(&generation, keep);
+            }
+            Err(e) => {
+                // What the KV cache holds is unknown: start the next turn from scratch.
+                self.session.engine.reset();
+                self.cached.clear();
+                self.messages.pop();
+                self.turns -= 1;
+                self.error(&format!("{e}; the message was not answered"));
+            }
+        }
+    }
+
+    fn report(&self, g: &Generation, reused: usize) {
+        let engine = &self.session.engine;
+        let prompt_tokens = reused + g.prompt_token_ids.len();
+        self.event(json!({
+            "event": "turn",
+            "turn": self.turns,
+            "text": g.text,
+            "token_ids": g.token_ids,
+            "stop_reason": g.stop.as_str(),
+            "stop_string": g.stop_string,
+            "prompt_tokens": prompt_tokens,
+            "reused_tokens": reused,
+            "prefilled_tokens": g.prompt_token_ids.len(),
+            "generated_tokens": g.token_ids.len(),
+            "position": engine.position(),
+            "ctx": engine.ctx(),
+            "prefill_tok_s": g.prefill_tok_s(),
+            "decode_tok_s": g.decode_tok_s(),
+        }));
+        if self.json {
+            return;
+        }
+        match g.stop {
+            StopReason::Cancelled => eprintln!("[stopped]"),
+            StopReason::ContextFull => eprintln!(
+                "[the context is full ({} tokens): the reply was cut. /drop forgets the oldest exchange, /reset starts over]",
+                engine.ctx()
+            ),
+            _ => {}
+        }
+        if self.stats && !self.quiet {
+            eprintln!(
+                "[turn {}: {prompt_tokens}-token prompt, {reused} reused from the KV cache, {} prefilled; {} generated ({}); \
+                 {:.1} tok/s prefill, {:.1} tok/s decode; context {}/{}]",
+                self.turns,
+                g.prompt_token_ids.len(),
+                g.token_ids.len(),
+                g.stop.as_str(),
+                g.prefill_tok_s(),
+                g.decode_tok_s(),
+                engine.position(),
+                engine.ctx(),
+            );
+        }
+    }
+
+    /// The conversation plus `text` needs `tokens` positions, more than the context has.
+    fn context_full(&mut self, text: &str, tokens: usize) {
+        let ctx = self.session.engine.ctx();
+        let limit = self.session.spec.max_position_embeddings;
+        let larger = if ctx < limit {
+            format!(" or restart with a larger --ctx (this model allows up to {limit})")
+        } else {
+            String::new()
+        };
+        // Whether the message would fit in a new conversation (with the system prompt).
+        let alone: Vec<Message> = self
+            .system
+            .iter()
+            .map(Message::system)
+            .chain([Message::user(text)])
+            .collect();
+        let fits_alone = self
+            .template
+            .render(&alone, &self.render)
+            .ok()
+            .and_then(|r| self.session.tokenizer.encode(&r, false).ok())
+            .is_some_and(|ids| ids.len() < ctx);
+        let (message, can_retry) = if !fits_alone {
+            (
+                format!(
+                    "your message needs {tokens} tokens with the chat template, more than the context of {ctx}; shorten it{larger}"
+                ),
+                false,
+            )
+        } else {
+            (
+                format!(
+                    "the conversation is full: with your message it needs {tokens} tokens and the context holds {ctx}. \
+                     /drop forgets the oldest exchange and /reset starts over (either resends your message){}",
+                    if larger.is_empty() {
+                        String::new()
+                    } else {
+                        format!(";{larger}")
+                    }
+                ),
+                true,
+            )
+        };
+        self.pending = can_retry.then(|| text.to_string());
+        self.event(json!({"event": "context_full", "tokens": tokens, "ctx": ctx, "message": message}));
+        if !self.json {
+            eprintln!("[{message}]");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuse_stops_at_the_first_difference_and_keeps_one_to_prefill() {
+        assert_eq!(reusable_prefix(&[], &[1, 2, 3]), 0);
+        assert_eq!(reusable_prefix(&[1, 2, 9, 9], &[1, 2, 3]), 2);
+        assert_eq!(reusable_prefix(&[1, 2, 3, 4], &[1, 2, 3]), 2);
+        assert_eq!(reusable_prefix(&[1, 2], &[1, 2, 3, 4]), 2);
+    }
+
+    #[test]
+    fn dropping_exchanges() {
+        let mut m = vec![
+            Message::user("a"),
+            Message::assistant("A"),
+            Message::user("b"),
+            Message::assistant("B"),
+            Message::user("c"),
+        ];
+        assert_eq!(drop_oldest(&mut m, 1), 1);
+        assert_eq!(m[0].content, "b");
+        assert_eq!(drop_oldest(&mut m, 5), 2);
+        assert!(m.is_empty());
+        assert_eq!(drop_oldest(&mut m, 1), 0);
+    }
+
+    fn printed(show: bool, start: bool, styled: bool, chunks: &[&str]) -> String {
+        let mut p = ReplyPrinter::new(show, start, styled);
+        let mut out = Vec::new();
+        for c in chunks {
+            p.push(c, &mut out);
+        }
+        p.finish(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn reasoning_is_hidden_styled_or_shown_as_is() {
+        let chunks = ["<thi", "nk>\nLet me", " think.\n</th", "ink>\n\n", "The answer."];
+        assert_eq!(printed(false, false, false, &chunks), "The answer.");
+        assert_eq!(
+            printed(true, false, false, &chunks),
+            "<think>\nLet me think.\n</think>\n\nThe answer."
+        );
+        assert_eq!(
+            printed(true, false, true, &chunks),
+            "\x1b[2;3m\nLet me\x1b[0m\x1b[2;3m think.\n\x1b[0m\n\nThe answer."
+        );
+        // Hidden on a terminal: an indicator, erased when the block ends.
+        assert_eq!(
+            printed(false, false, true, &chunks),
+            "\x1b[2;3mthinking…\x1b[0m\r\x1b[2KThe answer."
+        );
+        // The prompt opened the block.
+        assert_eq!(printed(false, true, false, &["why</think>\n", "Because."]), "Because.");
+        // No reasoning at all.
+        assert_eq!(printed(false, false, true, &["Plain ", "text <b>"]), "Plain text <b>");
+    }
+}
