@@ -5,6 +5,7 @@ pub mod buffers;
 pub mod chat_template;
 pub mod engine;
 pub mod generate;
+pub mod gguf;
 pub mod hub;
 pub mod library;
 pub mod model;
