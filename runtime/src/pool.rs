@@ -44,7 +44,7 @@ impl Barrier {
         while self.generation.load(Ordering::Acquire) == generation {
             std::hint::spin_loop();
             spins += 1;
-            if spins % (SPINS_PER_CHECK * 64) == 0 {
+            if spins.is_multiple_of(SPINS_PER_CHECK * 64) {
                 std::thread::yield_now();
             }
         }
@@ -150,7 +150,7 @@ impl Pool {
         while s.finished.load(Ordering::Acquire) < s.n - 1 {
             std::hint::spin_loop();
             spins += 1;
-            if spins % (SPINS_PER_CHECK * 64) == 0 {
+            if spins.is_multiple_of(SPINS_PER_CHECK * 64) {
                 std::thread::yield_now();
             }
         }
@@ -217,7 +217,7 @@ fn worker_loop(s: &Shared, tid: usize) {
             }
             std::hint::spin_loop();
             spins += 1;
-            if spins % SPINS_PER_CHECK == 0 && spin_start.elapsed() > SPIN_BEFORE_PARK {
+            if spins.is_multiple_of(SPINS_PER_CHECK) && spin_start.elapsed() > SPIN_BEFORE_PARK {
                 let guard = s.sleep_lock.lock().expect("pool sleep lock");
                 s.sleepers.fetch_add(1, Ordering::AcqRel);
                 // Re-check under the lock: `run` notifies while holding it.

@@ -125,7 +125,7 @@ impl DType {
 
     /// Whether a row of `elems` elements is a whole number of blocks.
     pub fn fits(self, elems: usize) -> bool {
-        elems % self.block_elems() == 0
+        elems.is_multiple_of(self.block_elems())
     }
 }
 

@@ -105,7 +105,8 @@ impl Rope {
                 for v in inv.iter_mut() {
                     let wavelen = 2.0 * std::f32::consts::PI / *v;
                     let scaled = if wavelen > low_wavelen { *v / factor } else { *v };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    // HF: `~(wavelen < high) * ~(wavelen > low)`; wavelengths are finite and positive.
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     *v = if medium {
                         let smooth = (old / wavelen - lo) / (hi - lo);
                         (1.0 - smooth) * scaled / factor + smooth * scaled
@@ -232,13 +233,13 @@ impl ModelSpec {
         pos(self.vocab_size, "vocab_size")?;
         pos(self.max_position_embeddings, "max_position_embeddings")?;
         pos(self.layers.len(), "num_hidden_layers")?;
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for RoPE", self.head_dim));
         }
         if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
