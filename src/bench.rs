@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub struct BenchArgs {
+    pub dequantize: Option<kiln_spec::DType>,
     pub model: PathBuf,
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
@@ -46,8 +47,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.reps == 0 {
         bail!("--prompt-tokens, --gen-tokens and --reps must be at least 1");
     }
-    let opts = OpenOptions { threads: args.threads, prefill_rows: args.prefill_block, progress: !args.json, ..OpenOptions::default() };
-    let prepared = PreparedModel::load(&args.model)?;
+    let opts = OpenOptions {
+        threads: args.threads,
+        prefill_rows: args.prefill_block,
+        progress: !args.json,
+        dequantize: args.dequantize,
+        ..OpenOptions::default()
+    };
+    let prepared = PreparedModel::open(&args.model, &opts)?;
     let prompt = synthetic_prompt(args.prompt_tokens, prepared.spec.vocab_size.min(prepared.tokenizer.vocab_size().max(1)));
     if args.print_prompt {
         println!("{}", serde_json::to_string(&prompt)?);

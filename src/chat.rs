@@ -196,6 +196,7 @@ impl ReplyPrinter {
 
 /// What `kiln chat` was asked for.
 pub struct ChatArgs {
+    pub dequantize: Option<kiln_spec::DType>,
     pub model: PathBuf,
     pub system: Option<String>,
     pub think: bool,
@@ -221,9 +222,10 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         ctx: args.ctx,
         prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
+        dequantize: args.dequantize,
         ..OpenOptions::default()
     };
-    let prepared = PreparedModel::load_with(&args.model, !opts.progress)?;
+    let prepared = PreparedModel::open(&args.model, &opts)?;
     let template = load_template(
         &prepared.tokenizer,
         &args.model,

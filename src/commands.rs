@@ -7,7 +7,6 @@ use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
 use kiln_runtime::chat_template::RenderOptions;
 use kiln_runtime::generate::{GenerateOptions, generate};
-use kiln_runtime::model;
 use kiln_runtime::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
 use kiln_runtime::sampler::SamplingParams;
 use kiln_spec::HostCpu;
@@ -17,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub struct CompileArgs {
+    pub dequantize: Option<kiln_spec::DType>,
     pub model: PathBuf,
     pub emit_mlir: Option<PathBuf>,
     pub emit_asm: Option<PathBuf>,
@@ -27,17 +27,18 @@ pub struct CompileArgs {
 
 pub fn compile(args: &CompileArgs) -> Result<()> {
     let t0 = Instant::now();
-    let loaded = model::load(&args.model)?;
-    let host = HostCpu::detect();
-    let cache = open_cache(None)?;
     let opts = OpenOptions {
         prefill_rows: args.prefill_block,
         emit_mlir: args.emit_mlir.clone(),
         emit_asm: args.emit_asm.clone(),
         threads: args.threads,
         progress: !args.json,
+        dequantize: args.dequantize,
         ..OpenOptions::default()
     };
+    let loaded = PreparedModel::open(&args.model, &opts)?;
+    let host = HostCpu::detect();
+    let cache = open_cache(None)?;
     let lib = ensure_compiled(&loaded.spec, &loaded.dir, &host, &cache, &opts)?;
     let report = json!({
         "model": loaded.dir.display().to_string(),
@@ -67,6 +68,7 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
 }
 
 pub struct RunArgs {
+    pub dequantize: Option<kiln_spec::DType>,
     pub model: PathBuf,
     pub prompt: String,
     /// Send the prompt as one user turn through the chat template.
@@ -96,9 +98,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ctx: args.ctx,
         prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
+        dequantize: args.dequantize,
         ..OpenOptions::default()
     };
-    let prepared = PreparedModel::load_with(&args.model, !opts.progress)?;
+    let prepared = PreparedModel::open(&args.model, &opts)?;
     // With --chat: the rendered prompt, and whether it leaves the reply inside a <think> block.
     let (prompt_ids, starts_thinking) = if args.chat {
         let template = chat::load_template(&prepared.tokenizer, &args.model, "run without --chat to send the prompt as raw text")?;
@@ -195,8 +198,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn info(path: &Path, prefill_block: Option<usize>, as_json: bool) -> Result<()> {
-    let loaded = model::load(path)?;
+pub fn info(path: &Path, prefill_block: Option<usize>, dequantize: Option<kiln_spec::DType>, as_json: bool) -> Result<()> {
+    let loaded = PreparedModel::open(path, &OpenOptions { dequantize, progress: !as_json, ..OpenOptions::default() })?;
     let spec = &loaded.spec;
     let host = HostCpu::detect();
     let options = compile_options(&host, prefill_block);
@@ -214,12 +217,13 @@ pub fn info(path: &Path, prefill_block: Option<usize>, as_json: bool) -> Result<
             "{}",
             json!({
                 "model": loaded.dir.display().to_string(),
-                "architecture": loaded.config.architecture,
+                "architecture": loaded.architecture,
+                "format": loaded.format.name(),
                 "spec": spec,
                 "parameters": spec.param_count(),
                 "weight_bytes_per_token": spec.weight_bytes_per_token(),
-                "eos_token_ids": loaded.config.eos_token_ids,
-                "bos_token_id": loaded.config.bos_token_id,
+                "eos_token_ids": loaded.eos_token_ids,
+                "bos_token_id": loaded.bos_token_id,
                 "kernels": kernels,
                 "cache_key": key.to_string(),
                 "cache_state": state,
@@ -228,7 +232,7 @@ pub fn info(path: &Path, prefill_block: Option<usize>, as_json: bool) -> Result<
         return Ok(());
     }
     println!("model        {}", loaded.dir.display());
-    println!("architecture {} ({})", loaded.config.architecture, spec.arch.name());
+    println!("architecture {} ({}, {})", loaded.architecture, spec.arch.name(), loaded.format.name());
     println!("layers       {}", spec.num_layers());
     println!("hidden       {} (intermediate {})", spec.hidden_size, spec.intermediate_size);
     println!("attention    {} heads, {} kv heads, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);

@@ -4,6 +4,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 use kiln::commands;
 use kiln_runtime::sampler::SamplingParams;
+use kiln_spec::DType;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -176,6 +177,17 @@ struct BuildArgs {
     /// Rows per prefill block (compiled into the prefill kernels).
     #[arg(long, value_name = "ROWS")]
     prefill_block: Option<usize>,
+    /// Convert quantised GGUF weights to bf16 or f32 at load instead of reading them as stored.
+    #[arg(long, value_name = "TYPE", value_parser = parse_float_dtype)]
+    dequantize: Option<DType>,
+}
+
+fn parse_float_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "bf16" => Ok(DType::BF16),
+        "f32" => Ok(DType::F32),
+        _ => Err(format!("expected bf16 or f32, not {s:?}")),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -245,6 +257,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             emit_asm,
             threads: build.threads,
             prefill_block: build.prefill_block,
+            dequantize: build.dequantize,
             json,
         }),
         Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, json, quiet } => {
@@ -259,6 +272,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 stop: sampling.stop,
                 threads: build.threads,
                 prefill_block: build.prefill_block,
+                dequantize: build.dequantize,
                 ctx,
                 show_special,
                 json,
@@ -275,6 +289,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 stop: sampling.stop,
                 threads: build.threads,
                 prefill_block: build.prefill_block,
+                dequantize: build.dequantize,
                 ctx,
                 json,
                 stats,
@@ -282,7 +297,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 decode_delay_ms: debug_decode_delay_ms,
             })
         }
-        Command::Info { model, build, json } => commands::info(&model, build.prefill_block, json),
+        Command::Info { model, build, json } => commands::info(&model, build.prefill_block, build.dequantize, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
         Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json, print_prompt } => kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
@@ -291,6 +306,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             reps,
             threads: build.threads,
             prefill_block: build.prefill_block,
+            dequantize: build.dequantize,
             json,
             print_prompt,
         }),

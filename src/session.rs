@@ -9,9 +9,9 @@ use kiln_cache::{BuildOutput, Cache, Key, Status};
 use kiln_runtime::engine::{Engine, EngineConfig, EngineError, WeightSource};
 use kiln_runtime::hub;
 use kiln_runtime::library::LibraryError;
-use kiln_runtime::model::{self, LoadedModel, ModelConfig, Weights};
+use kiln_runtime::loader::{self, LoadOptions, ModelFormat};
 use kiln_runtime::tokenizer::Tokenizer;
-use kiln_spec::{CompileOptions, HostCpu, ModelSpec, WeightId, abi};
+use kiln_spec::{CompileOptions, HostCpu, ModelSpec, abi};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,6 +33,8 @@ pub struct OpenOptions {
     pub emit_asm: Option<PathBuf>,
     /// Print compile progress on stderr.
     pub progress: bool,
+    /// Convert quantised weights to this float type at load (`--dequantize`).
+    pub dequantize: Option<kiln_spec::DType>,
 }
 
 /// The compiled library for a model on this machine.
@@ -50,15 +52,6 @@ pub struct CompiledLibrary {
 impl CompiledLibrary {
     pub fn cache_hit(&self) -> bool {
         matches!(self.status, Status::Hit)
-    }
-}
-
-/// The model's weights as the engine sees them.
-struct ModelWeights(Weights);
-
-impl WeightSource for ModelWeights {
-    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
-        self.0.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
     }
 }
 
@@ -211,7 +204,8 @@ pub fn toolchain_key_parts() -> [(&'static str, String); 4] {
 /// A model ready to generate: tokenizer, compiled library and engine.
 pub struct Session {
     pub dir: PathBuf,
-    pub config: ModelConfig,
+    /// Ids that end generation (model config and tokenizer merged).
+    eos_token_ids: Vec<u32>,
     pub spec: ModelSpec,
     pub tokenizer: Tokenizer,
     pub engine: Engine,
@@ -223,33 +217,43 @@ pub struct Session {
 /// A model read and checked, with its tokenizer, before any library is compiled or loaded:
 /// the place to reject a prompt that cannot fit before paying for a compile.
 pub struct PreparedModel {
+    /// The model folder, or the GGUF file.
     pub dir: PathBuf,
-    pub config: ModelConfig,
+    pub format: ModelFormat,
+    pub architecture: String,
     pub spec: ModelSpec,
     pub tokenizer: Tokenizer,
+    /// Ids that end generation (model config and tokenizer merged).
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
     weights: Arc<dyn WeightSource>,
     started: Instant,
 }
 
 impl PreparedModel {
-    /// Reads the model at `path` (config, weight headers, tokenizer); a Hugging Face hub id
-    /// is downloaded first (see [`resolve_model`]), with progress on stderr.
-    pub fn load(path: &Path) -> Result<PreparedModel> {
-        PreparedModel::load_with(path, false)
-    }
-
-    /// [`PreparedModel::load`]; `quiet` hides the download progress.
-    pub fn load_with(path: &Path, quiet: bool) -> Result<PreparedModel> {
+    /// Reads the model at `path` (config and weight headers or a GGUF file, and the
+    /// tokenizer); a Hugging Face hub id is downloaded first (see [`resolve_model`]), with
+    /// progress on stderr unless `opts.progress` is off.
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<PreparedModel> {
         let started = Instant::now();
-        let path = resolve_model(path, quiet)?;
-        let LoadedModel { dir, config, spec, weights } = model::load(&path)?;
-        let tokenizer = Tokenizer::from_dir(&dir)?;
-        let mut weights: Arc<dyn WeightSource> = Arc::new(ModelWeights(weights));
+        let path = resolve_model(path, !opts.progress)?;
+        let m = loader::load(&path, &LoadOptions { dequantize: opts.dequantize })?;
+        let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") {
-            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&spec, weights.as_ref()).map_err(anyhow::Error::msg)?;
+            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref()).map_err(anyhow::Error::msg)?;
             weights = Arc::new(resident);
         }
-        Ok(PreparedModel { dir, config, spec, tokenizer, weights, started })
+        Ok(PreparedModel {
+            dir: m.source,
+            format: m.format,
+            architecture: m.architecture,
+            bos_token_id: m.bos_token_id,
+            spec: m.spec,
+            tokenizer: m.tokenizer,
+            eos_token_ids: m.eos_token_ids,
+            weights,
+            started,
+        })
     }
 
     /// The KV-cache capacity an engine opened with `opts` will have.
@@ -259,7 +263,7 @@ impl PreparedModel {
 
     /// Finds or compiles the library and builds the engine.
     pub fn into_session(self, opts: &OpenOptions) -> Result<Session> {
-        let PreparedModel { dir, config, spec, tokenizer, weights, started } = self;
+        let PreparedModel { dir, spec, tokenizer, eos_token_ids, weights, started, .. } = self;
         let host = HostCpu::detect();
         let cache = open_cache(opts.cache_dir.as_deref())?;
         let engine_config = engine_config(opts);
@@ -277,25 +281,19 @@ impl PreparedModel {
             }
             other => other?,
         };
-        Ok(Session { dir, config, spec, tokenizer, engine, library, open_seconds: started.elapsed().as_secs_f64() })
+        Ok(Session { dir, eos_token_ids, spec, tokenizer, engine, library, open_seconds: started.elapsed().as_secs_f64() })
     }
 }
 
 impl Session {
     /// Loads the model at `path`, finds or compiles its library, and builds the engine.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Session> {
-        PreparedModel::load_with(path, !opts.progress)?.into_session(opts)
+        PreparedModel::open(path, opts)?.into_session(opts)
     }
 
     /// EOS ids: the model config's and the tokenizer's, merged.
     pub fn eos_token_ids(&self) -> Vec<u32> {
-        let mut ids = self.config.eos_token_ids.clone();
-        for &id in self.tokenizer.eos_token_ids() {
-            if !ids.contains(&id) {
-                ids.push(id);
-            }
-        }
-        ids
+        self.eos_token_ids.clone()
     }
 }
 

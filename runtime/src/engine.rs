@@ -102,7 +102,7 @@ impl Engine {
         let bufs = Buffers::new(spec, block_rows, ctx);
         let cores = physical_cores();
         let threads = config.threads.unwrap_or(cores.len()).max(1);
-        let pool = Pool::new(threads, (config.pin && threads <= cores.len()).then_some(&cores[..threads]));
+        let pool = Pool::new(threads, (config.pin && threads <= cores.len()).then(|| &cores[..threads]));
 
         let resolve = |arg: &Arg| -> Result<Resolved, String> {
             match *arg {

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod gguf;
 pub mod hub;
 pub mod library;
+pub mod loader;
 pub mod model;
 pub mod plan;
 pub mod pool;

@@ -79,14 +79,13 @@ unsafe impl Send for JobPtr {}
 pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    /// The caller's affinity before it was pinned, restored on drop so the pool does not
-    /// leave the embedding program's thread tied to one core.
-    caller_affinity: Option<Affinity>,
 }
 
 impl Pool {
-    /// Starts `n` threads in all (the caller plus `n - 1` workers), pinned to `cores` when
-    /// given (one logical CPU per thread; the caller takes `cores[0]`).
+    /// Starts `n` threads in all (the caller plus `n - 1` workers). With `cores`, worker `i` is
+    /// pinned to `cores[i]` and `cores[0]` is left to the caller, which is not pinned itself:
+    /// pinning it would tie the embedding program's thread (and every process it spawns) to one
+    /// core, and the scheduler keeps it on the core the workers leave free.
     pub fn new(n: usize, cores: Option<&[usize]>) -> Pool {
         let n = n.max(1);
         let shared = Arc::new(Shared {
@@ -115,13 +114,7 @@ impl Pool {
                     .expect("spawn a compute thread")
             })
             .collect();
-        // Pin the caller last, so the workers are spawned with its original affinity.
-        let caller_affinity = cores.and_then(|c| c.first()).map(|&c| {
-            let saved = Affinity::current();
-            pin_current_thread(c);
-            saved
-        });
-        Pool { shared, workers, caller_affinity }
+        Pool { shared, workers }
     }
 
     pub fn threads(&self) -> usize {
@@ -167,37 +160,6 @@ impl Drop for Pool {
         }
         for w in self.workers.drain(..) {
             let _ = w.join();
-        }
-        if let Some(a) = self.caller_affinity.take() {
-            a.restore();
-        }
-    }
-}
-
-/// A thread's CPU affinity mask, saved to be restored.
-struct Affinity {
-    #[cfg(target_os = "linux")]
-    set: libc::cpu_set_t,
-}
-
-impl Affinity {
-    fn current() -> Affinity {
-        #[cfg(target_os = "linux")]
-        // SAFETY: `set` is zero-initialised and sized for the call; pid 0 is this thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-            Affinity { set }
-        }
-        #[cfg(not(target_os = "linux"))]
-        Affinity {}
-    }
-
-    fn restore(&self) {
-        #[cfg(target_os = "linux")]
-        // SAFETY: `set` was filled by sched_getaffinity; pid 0 is this thread.
-        unsafe {
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.set);
         }
     }
 }

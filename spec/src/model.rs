@@ -166,6 +166,61 @@ impl LayerDTypes {
     }
 }
 
+impl LayerDTypes {
+    /// The storage type of one layer tensor, if the layer has it.
+    pub fn get(&self, w: crate::weights::LayerWeight) -> Option<DType> {
+        use crate::weights::LayerWeight as L;
+        match w {
+            L::AttnNorm => Some(self.attn_norm),
+            L::Q => Some(self.q),
+            L::K => Some(self.k),
+            L::V => Some(self.v),
+            L::O => Some(self.o),
+            L::QBias => self.q_bias,
+            L::KBias => self.k_bias,
+            L::VBias => self.v_bias,
+            L::OBias => self.o_bias,
+            L::QNorm => self.q_norm,
+            L::KNorm => self.k_norm,
+            L::MlpNorm => Some(self.mlp_norm),
+            L::Gate => Some(self.gate),
+            L::Up => Some(self.up),
+            L::Down => Some(self.down),
+        }
+    }
+
+    /// Changes the storage type of one layer tensor (no effect if the layer lacks it).
+    pub fn set(&mut self, w: crate::weights::LayerWeight, dtype: DType) {
+        use crate::weights::LayerWeight as L;
+        let slot = match w {
+            L::AttnNorm => &mut self.attn_norm,
+            L::Q => &mut self.q,
+            L::K => &mut self.k,
+            L::V => &mut self.v,
+            L::O => &mut self.o,
+            L::MlpNorm => &mut self.mlp_norm,
+            L::Gate => &mut self.gate,
+            L::Up => &mut self.up,
+            L::Down => &mut self.down,
+            L::QBias | L::KBias | L::VBias | L::OBias | L::QNorm | L::KNorm => {
+                let opt = match w {
+                    L::QBias => &mut self.q_bias,
+                    L::KBias => &mut self.k_bias,
+                    L::VBias => &mut self.v_bias,
+                    L::OBias => &mut self.o_bias,
+                    L::QNorm => &mut self.q_norm,
+                    _ => &mut self.k_norm,
+                };
+                if let Some(d) = opt.as_mut() {
+                    *d = dtype;
+                }
+                return;
+            }
+        };
+        *slot = dtype;
+    }
+}
+
 /// One decoder layer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LayerSpec {
@@ -249,6 +304,37 @@ impl ModelSpec {
             return Err(format!("rms_norm_eps ({}) must be a non-negative number", self.rms_norm_eps));
         }
         Ok(())
+    }
+
+    /// The storage type of a weight tensor of this model.
+    pub fn dtype_of(&self, id: crate::weights::WeightId) -> Option<DType> {
+        use crate::weights::WeightId as W;
+        match id {
+            W::Embed => Some(self.embed_dtype),
+            W::FinalNorm => Some(self.final_norm_dtype),
+            W::LmHead => (!self.tie_word_embeddings).then_some(self.lm_head_dtype),
+            W::Layer(i, w) => self.layers.get(i)?.dtypes.get(w),
+        }
+    }
+
+    /// Changes the storage type of a weight tensor (used when weights are converted at load).
+    pub fn set_dtype(&mut self, id: crate::weights::WeightId, dtype: DType) {
+        use crate::weights::WeightId as W;
+        match id {
+            W::Embed => {
+                self.embed_dtype = dtype;
+                if self.tie_word_embeddings {
+                    self.lm_head_dtype = dtype;
+                }
+            }
+            W::FinalNorm => self.final_norm_dtype = dtype,
+            W::LmHead => self.lm_head_dtype = dtype,
+            W::Layer(i, w) => {
+                if let Some(l) = self.layers.get_mut(i) {
+                    l.dtypes.set(w, dtype);
+                }
+            }
+        }
     }
 
     /// Number of parameters (elements of all weight tensors, the tied head counted once).
