@@ -35,8 +35,9 @@ enum Command {
     },
     /// Generate text from a prompt: raw text, or one user turn through the chat template (--chat).
     Run {
-        /// Model folder, its config.json, or a Hugging Face id (org/name or org/name@revision).
-        model: PathBuf,
+        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name or
+        /// org/name@revision). Default: the demo model (scripts/fetch-demo-model.sh).
+        model: Option<PathBuf>,
         /// The prompt: raw text, or with --chat the user's message.
         #[arg(long, short)]
         prompt: String,
@@ -72,8 +73,9 @@ enum Command {
     },
     /// Chat with a model: a multi-turn session whose KV cache is kept across turns.
     Chat {
-        /// Model folder, its config.json, or a Hugging Face id (org/name or org/name@revision).
-        model: PathBuf,
+        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name or
+        /// org/name@revision). Default: the demo model (scripts/fetch-demo-model.sh).
+        model: Option<PathBuf>,
         /// System prompt.
         #[arg(long)]
         system: Option<String>,
@@ -182,6 +184,14 @@ struct BuildArgs {
     dequantize: Option<DType>,
 }
 
+/// The model named on the command line, or the installed demo model.
+fn model_or_demo(model: Option<PathBuf>) -> Result<PathBuf> {
+    match model {
+        Some(m) => Ok(m),
+        None => kiln::session::demo_model(),
+    }
+}
+
 fn parse_float_dtype(s: &str) -> Result<DType, String> {
     match s {
         "bf16" => Ok(DType::BF16),
@@ -262,7 +272,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }),
         Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, json, quiet } => {
             commands::run(&commands::RunArgs {
-                model,
+                model: model_or_demo(model)?,
                 prompt,
                 chat,
                 system,
@@ -281,7 +291,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Chat { model, system, think, max_tokens, sampling, build, ctx, json, stats, quiet, debug_decode_delay_ms } => {
             kiln::chat::chat(&kiln::chat::ChatArgs {
-                model,
+                model: model_or_demo(model)?,
                 system,
                 think,
                 max_tokens,

@@ -311,6 +311,32 @@ pub fn resolve_model(path: &Path, quiet: bool) -> Result<PathBuf> {
         .with_context(|| format!("{id} is not a local folder or file, so it was taken as a Hugging Face model id"))
 }
 
+/// File name of the demo model that `scripts/fetch-demo-model.sh` installs.
+pub const DEMO_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Kiln's models folder: `$KILN_MODELS_DIR`, else `$XDG_DATA_HOME/kiln/models`, else
+/// `~/.local/share/kiln/models` (where `scripts/fetch-demo-model.sh` puts the demo model).
+pub fn models_dir() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("KILN_MODELS_DIR")
+        .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("kiln").join("models")))
+        .or_else(|| env("HOME").map(|h| h.join(".local").join("share").join("kiln").join("models")))
+}
+
+/// The demo model, used when no model is named; an error saying how to fetch it when absent.
+pub fn demo_model() -> Result<PathBuf> {
+    let dir = models_dir().ok_or_else(|| anyhow!("no MODEL given and no models folder (set KILN_MODELS_DIR or HOME)"))?;
+    let path = dir.join(DEMO_MODEL);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(anyhow!(
+            "no MODEL given and the demo model is not installed at {}; fetch it with scripts/fetch-demo-model.sh, or name a model",
+            path.display()
+        ))
+    }
+}
+
 /// Turns an `anyhow` error chain into one line for the CLI.
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
