@@ -64,15 +64,16 @@ pub enum LoadError {
     BadTarget(DType),
 }
 
-/// Reads the model at `path`: a `.gguf` file (recognised by its magic), a folder, or a
-/// folder's `config.json`.
+/// Reads the model at `path`: a GGUF file (recognised by its magic or its `.gguf` extension,
+/// so a damaged one is reported by the GGUF parser), a folder, or a folder's `config.json`.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     if let Some(t) = opts.dequantize
         && !matches!(t, DType::F32 | DType::BF16)
     {
         return Err(LoadError::BadTarget(t));
     }
-    if path.is_file() && gguf::is_gguf(path) {
+    let gguf_name = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if path.is_file() && (gguf_name || gguf::is_gguf(path)) {
         load_gguf(path, opts)
     } else {
         load_safetensors(path)

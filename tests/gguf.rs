@@ -1,0 +1,109 @@
+//! GGUF files end to end. The fixtures in `tests/fixtures/gguf/` were made from the Hugging Face
+//! golden models by llama.cpp's own converter and quantiser (`scripts/make_gguf_golden.py`), so
+//! the bf16 files must reproduce the transformers goldens — which checks the llama-architecture
+//! q/k permutation is undone — and the quantised files must give the same numbers whether the
+//! quantised kernels read them or the weights are dequantised at load.
+
+use kiln::session::{OpenOptions, Session};
+use kiln_runtime::sampler::argmax;
+use kiln_spec::DType;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+#[derive(Deserialize)]
+struct Golden {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt: String,
+    prompt_token_ids: Vec<u32>,
+    greedy_token_ids: Vec<u32>,
+    last_logits: Vec<f32>,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn cache_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("temp cache")).path()
+}
+
+fn open(file: &str, dequantize: Option<DType>) -> Session {
+    let opts = OpenOptions {
+        threads: Some(2),
+        cache_dir: Some(cache_dir().to_path_buf()),
+        dequantize,
+        ..OpenOptions::default()
+    };
+    Session::open(&fixtures().join("gguf").join(file), &opts).unwrap_or_else(|e| panic!("opening {file}: {e:#}"))
+}
+
+fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    session.engine.reset();
+    let logits = session.engine.prefill(prompt).expect("prefill").to_vec();
+    let mut out = vec![argmax(&logits) as u32];
+    while out.len() < n {
+        let l = session.engine.decode(*out.last().unwrap()).expect("decode");
+        out.push(argmax(l) as u32);
+    }
+    (out, logits)
+}
+
+#[test]
+fn llama_cpp_converted_files_reproduce_the_transformers_goldens() {
+    // (Not mistral: llama.cpp's converter drops Mistral's sliding window, so its GGUF means full
+    // attention and rightly differs from transformers on prompts longer than the window.)
+    for name in ["llama", "qwen2"] {
+        let golden: Golden = serde_json::from_str(&std::fs::read_to_string(fixtures().join(name).join("golden.json")).unwrap()).unwrap();
+        let mut session = open(&format!("{name}-bf16.gguf"), None);
+        let mut worst = 0.0f32;
+        for (i, case) in golden.cases.iter().enumerate() {
+            // The tokenizer rebuilt from the GGUF metadata encodes like transformers.
+            let ids = session.tokenizer.encode(&case.prompt, true).unwrap();
+            assert_eq!(ids, case.prompt_token_ids, "{name} case {i}: GGUF tokenizer differs");
+            let (tokens, logits) = greedy(&mut session, &case.prompt_token_ids, case.greedy_token_ids.len());
+            let diff = logits.iter().zip(&case.last_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            worst = worst.max(diff);
+            assert!(diff <= 1e-3, "{name} case {i}: logits differ by {diff}");
+            assert_eq!(tokens, case.greedy_token_ids, "{name} case {i}: greedy continuation differs");
+        }
+        eprintln!("{name}-bf16.gguf: max |logit diff| vs transformers = {worst:e}");
+    }
+}
+
+fn kiln(cache: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env("KILN_CACHE_DIR", cache).output().expect("kiln runs")
+}
+
+fn expect_gguf_error(bytes: &[u8], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.gguf");
+    std::fs::write(&file, bytes).unwrap();
+    let o = kiln(dir.path(), &["run", file.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: ") && err.contains("broken.gguf"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "error should mention {n:?}: {err}");
+    }
+}
+
+#[test]
+fn broken_gguf_files_give_one_line_errors() {
+    let good = std::fs::read(fixtures().join("gguf/llama-q8_0.gguf")).unwrap();
+    let mut bad_magic = good.clone();
+    bad_magic[..4].copy_from_slice(b"GGML");
+    expect_gguf_error(&bad_magic, &["magic"]);
+    let mut bad_version = good.clone();
+    bad_version[4..8].copy_from_slice(&1u32.to_le_bytes());
+    expect_gguf_error(&bad_version, &["version 1"]);
+    expect_gguf_error(&good[..good.len() - 4096], &["past the end"]);
+}
