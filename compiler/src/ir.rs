@@ -262,8 +262,11 @@ impl<'c, 'a> Kb<'c, 'a> {
         if lanes == 1 {
             return vs.iter().map(|&v| self.reduce_add(v)).collect();
         }
+        if vs.len() > lanes {
+            // One tree per `lanes` vectors; each vector's sum is formed the same way.
+            return vs.chunks(lanes).flat_map(|c| self.reduce_many(c)).collect();
+        }
         let groups = vs.len().next_power_of_two();
-        assert!(groups <= lanes, "reduce_many folds at most one vector per lane");
         let zero = self.f32_splat(0.0, lanes);
         let mut level: Vec<Value<'c, 'a>> = (0..groups).map(|i| vs.get(i).copied().unwrap_or(zero)).collect();
         // `seg`: lanes per segment of the vectors in `level`.
@@ -289,6 +292,119 @@ impl<'c, 'a> Kb<'c, 'a> {
         }
         let width = lanes / groups;
         (0..vs.len()).map(|i| self.extract(v, i * width)).collect()
+    }
+
+    // ---- integer vectors (quantised weights) ------------------------------------------------------
+
+    /// A constant vector of integers (`elem` = `i8`, `i32`, ...), one value per lane.
+    pub fn int_vec(&self, vals: &[i64], elem: &str) -> Value<'c, 'a> {
+        let t = format!("vector<{}x{elem}>", vals.len());
+        let list: Vec<String> = vals.iter().map(|v| v.to_string()).collect();
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty(&t),
+            &[("value", self.attr(&format!("dense<[{}]> : {t}", list.join(", "))))],
+        )
+    }
+    /// A constant vector of f32 values, one per lane (exact: written by their bits).
+    pub fn f32_vec(&self, vals: &[f32]) -> Value<'c, 'a> {
+        let t = format!("vector<{}xf32>", vals.len());
+        let list: Vec<String> = vals.iter().map(|v| format!("0x{:08X}", v.to_bits())).collect();
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty(&t),
+            &[("value", self.attr(&format!("dense<[{}]> : {t}", list.join(", "))))],
+        )
+    }
+    pub fn andi(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.andi", &[a, b], a.r#type(), &[])
+    }
+    pub fn ori(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.ori", &[a, b], a.r#type(), &[])
+    }
+    /// Logical (zero-filling) right shift.
+    pub fn shrui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.shrui", &[a, b], a.r#type(), &[])
+    }
+    pub fn shli(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.shli", &[a, b], a.r#type(), &[])
+    }
+    /// The same lanes as `v` with element type `elem` (`vector<NxT>` → `vector<Nxelem>`).
+    fn retyped(&self, v: Value<'c, '_>, elem: &str) -> Type<'c> {
+        let lanes = lanes_of(v);
+        if v.r#type().is_vector() {
+            self.vec_ty(lanes, elem)
+        } else {
+            self.ty(elem)
+        }
+    }
+    /// Zero-extends integer lanes to `elem`.
+    pub fn extui(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
+        self.op1("arith.extui", &[v], self.retyped(v, elem), &[])
+    }
+    /// Sign-extends integer lanes to `elem`.
+    pub fn extsi(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
+        self.op1("arith.extsi", &[v], self.retyped(v, elem), &[])
+    }
+    /// Unsigned integer lanes → f32 (exact below 2^24).
+    pub fn uitofp(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.uitofp", &[v], self.retyped(v, "f32"), &[])
+    }
+    /// Signed integer lanes → f32 (exact below 2^24 in magnitude).
+    pub fn sitofp(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.sitofp", &[v], self.retyped(v, "f32"), &[])
+    }
+    /// `vector.bitcast`: the same bits as another vector type.
+    pub fn vbitcast(&self, v: Value<'c, '_>, to: &str) -> Value<'c, 'a> {
+        self.op1("vector.bitcast", &[v], self.ty(to), &[])
+    }
+    /// `arith.bitcast`: the same bits lane by lane as another element type of equal width.
+    pub fn bitcast(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
+        self.op1("arith.bitcast", &[v], self.retyped(v, elem), &[])
+    }
+    /// `vector.shuffle` of vectors of any element type (see [`Kb::shuffle`]).
+    pub fn shuffle_any(&self, a: Value<'c, '_>, b: Value<'c, '_>, mask: &[usize]) -> Value<'c, 'a> {
+        let list: Vec<String> = mask.iter().map(|i| i.to_string()).collect();
+        let elem = elem_of(a);
+        let t = self.vec_ty(mask.len(), &elem);
+        self.op1(
+            "vector.shuffle",
+            &[a, b],
+            t,
+            &[("mask", self.attr(&format!("array<i64: {}>", list.join(", "))))],
+        )
+    }
+    /// Lanes `offset..offset + size` of a vector.
+    pub fn slice(&self, v: Value<'c, '_>, offset: usize, size: usize) -> Value<'c, 'a> {
+        let t = self.vec_ty(size, &elem_of(v));
+        self.op1(
+            "vector.extract_strided_slice",
+            &[v],
+            t,
+            &[
+                ("offsets", self.attr(&format!("[{offset} : i64]"))),
+                ("sizes", self.attr(&format!("[{size} : i64]"))),
+                ("strides", self.attr("[1 : i64]")),
+            ],
+        )
+    }
+    /// Calls an LLVM intrinsic (a target instruction MLIR has no op for) with one result.
+    pub fn intrinsic(&self, name: &str, operands: &[Value<'c, '_>], result: Type<'c>) -> Value<'c, 'a> {
+        self.op1(
+            "llvm.call_intrinsic",
+            operands,
+            result,
+            &[
+                ("intrin", self.attr(&format!("\"{name}\""))),
+                ("op_bundle_sizes", self.attr("array<i32>")),
+                (
+                    "operandSegmentSizes",
+                    self.attr(&format!("array<i32: {}, 0>", operands.len())),
+                ),
+            ],
+        )
     }
 
     // ---- memory ----------------------------------------------------------------------------------
@@ -336,6 +452,20 @@ impl<'c, 'a> Kb<'c, 'a> {
             // `compile` rejects kernels over quantised weights before emitting anything.
             q => unreachable!("{q} weights have no element-wise load"),
         }
+    }
+    /// Loads `n` consecutive bytes as a `vector<nxi8>` (no alignment assumed).
+    pub fn load_bytes(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
+        let mut ops = vec![mem];
+        ops.extend_from_slice(idx);
+        self.op1("vector.load", &ops, self.vec_ty(n, "i8"), &[])
+    }
+    /// Reads the little-endian IEEE half at byte `idx` of an i8 memref and returns it as f32
+    /// broadcast to `lanes` lanes (the conversion is exact).
+    pub fn load_f16_splat(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize) -> Value<'c, 'a> {
+        let raw = self.load_bytes(mem, idx, 2);
+        let h = self.vbitcast(raw, "vector<1xf16>");
+        let wide = self.op1("vector.broadcast", &[h], self.vec_ty(lanes, "f16"), &[]);
+        self.op1("arith.extf", &[wide], self.vec_ty(lanes, "f32"), &[])
     }
     /// Loads one i32 and returns it as an index.
     pub fn load_i32_index(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) -> Value<'c, 'a> {
@@ -457,11 +587,20 @@ fn lanes_of(v: Value<'_, '_>) -> usize {
     ty.strip_prefix("vector<").and_then(|rest| rest.split('x').next()).and_then(|n| n.parse().ok()).unwrap_or(1)
 }
 
+/// Element type of a vector value (`f32`, `i8`, ...), or the type itself for a scalar.
+fn elem_of(v: Value<'_, '_>) -> String {
+    let ty = v.r#type().to_string();
+    match ty.strip_prefix("vector<").and_then(|rest| rest.strip_suffix('>')) {
+        Some(inner) => inner.rsplit('x').next().unwrap_or(&ty).to_string(),
+        None => ty,
+    }
+}
+
 /// Chooses the vector width for a loop over `dim` elements: the widest power of two not above
 /// `max_lanes` that divides `dim`, so no remainder loop is ever needed (1 = scalar code).
 pub fn lanes_for(dim: usize, max_lanes: usize) -> usize {
     let mut lanes = max_lanes.max(1);
-    while lanes > 1 && dim % lanes != 0 {
+    while lanes > 1 && !dim.is_multiple_of(lanes) {
         lanes /= 2;
     }
     lanes
