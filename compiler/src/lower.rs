@@ -5,7 +5,7 @@ use melior::{Context, ir::Module, pass::PassManager};
 
 /// Version of the lowering pipeline and emitters; bump whenever either changes the generated
 /// code, so stale libraries are not reused from the cache.
-pub const PIPELINE_VERSION: u32 = 5;
+pub const PIPELINE_VERSION: u32 = 6;
 
 /// The pipeline, in MLIR's textual form. `use-bare-ptr-memref-call-conv` turns each statically
 /// shaped memref argument into one pointer, which is the ABI the runtime calls.

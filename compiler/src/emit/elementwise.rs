@@ -1,6 +1,6 @@
 //! Row-wise and elementwise kernels: embedding gather and `silu(gate) * up`.
 
-use super::{Dyn, thread_range};
+use super::{Dyn, quant, thread_range};
 use crate::ir::{Kb, lanes_for};
 use kiln_spec::Kernel;
 use melior::ir::Value;
@@ -15,6 +15,21 @@ pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dy
     let one = b.idx(1);
     b.for_each(r_start, r_end, one, |b, r| {
         let t = b.minui(b.load_i32_index(tokens, &[r]), b.idx(vocab - 1));
+        if dtype.is_quantized() {
+            // The row's blocks, each dequantised into vectors in column order.
+            let be = dtype.block_elems();
+            let (lo, hi) = (b.idx(0), b.idx(hidden / be));
+            b.for_each(lo, hi, one, |b, blk| {
+                let c0 = b.muli(blk, b.idx(be));
+                for (i, v) in quant::dequant_block(b, table, *dtype, t, blk, lanes)
+                    .into_iter()
+                    .enumerate()
+                {
+                    b.store(v, x, &[r, b.addi(c0, b.idx(i * lanes))]);
+                }
+            });
+            return;
+        }
         let (lo, hi, step) = (b.idx(0), b.idx(*hidden), b.idx(lanes));
         b.for_each(lo, hi, step, |b, c| {
             let v = b.load_weight(table, &[t, c], lanes, *dtype);

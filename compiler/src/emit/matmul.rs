@@ -16,8 +16,13 @@
 //!   chain still allows ~8 bytes of bf16 weights per cycle per core, above what memory delivers.
 //! * Prefill is compute-bound: each block of `nb` weight rows is widened to f32 once into a
 //!   stack scratch and reused by every row tile, so the inner loop is only loads and FMAs.
+//! * Quantised weights (GGML blocks, see `quant.rs`) are dequantised in registers with the
+//!   reference's arithmetic. Decode folds each block's values into the row's accumulator in k
+//!   order, a few rows at a time so that their FMA chains overlap; prefill dequantises into the
+//!   scratch (in chunks of `k` with the accumulators parked in a stack buffer when a row is too
+//!   long), so decode and prefill still perform the same FMAs in the same order.
 
-use super::{Dyn, thread_range};
+use super::{Dyn, quant, thread_range};
 use crate::ir::{Kb, lanes_for};
 use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
@@ -26,6 +31,13 @@ use melior::ir::Value;
 /// Largest prefill weight scratch (`nb * k * 4` bytes) placed on the stack; beyond it the
 /// weights are widened in registers as in decode.
 const MAX_SCRATCH_BYTES: usize = 256 << 10;
+
+/// Weight rows a decode thread walks together over quantised weights (one FMA chain each):
+/// enough independent chains to hide the FMA latency behind the dequantisation work, few enough
+/// that a super-block's 16 activation vectors and the dequantised values stay in registers.
+fn decode_quant_rows(dtype: DType) -> usize {
+    if dtype.block_elems() == 32 { 4 } else { 2 }
+}
 
 /// Register tile `(mr, nb)` for prefill: `mr * nb` accumulators plus `mr` activation vectors
 /// and one weight vector must fit in the vector register file (32 with AVX-512, 16 with AVX2).
@@ -62,15 +74,38 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     };
     let w = p[1];
     if *max_rows == 1 {
+        if wdtype.is_quantized() {
+            return m.decode_quant(b, w, *wdtype, *n, d);
+        }
         return m.decode(b, w, *wdtype, *n, d);
     }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };
     let (mr, nb) = prefill_tile(max_lanes);
     let nb = nb.min(*n);
-    let scratch = (*max_rows > 1 && *wdtype != DType::F32 && nb * k * 4 <= MAX_SCRATCH_BYTES).then(|| {
-        let ty = b.ty(&format!("memref<{nb}x{k}xf32>"));
+    // Quantised rows are always dequantised into the scratch, in chunks of whole blocks along
+    // `k` when a whole row does not fit; the accumulators then wait between chunks in `acc`.
+    let chunk = if wdtype.is_quantized() {
+        let be = wdtype.block_elems();
+        (MAX_SCRATCH_BYTES / (nb * 4) / be * be).clamp(be, *k)
+    } else {
+        *k
+    };
+    let use_scratch = wdtype.is_quantized() || (*wdtype != DType::F32 && nb * k * 4 <= MAX_SCRATCH_BYTES);
+    let alloca = |b: Kb<'c, 'a>, ty: &str| {
+        let ty = b.ty(ty);
         b.op("memref.alloca", &[], &[ty], &[("alignment", b.attr("64 : i64")), ("operandSegmentSizes", b.attr("array<i32: 0, 0>"))])[0]
-    });
+    };
+    let scratch = use_scratch.then(|| alloca(b, &format!("memref<{nb}x{chunk}xf32>")));
+    let acc = (chunk < *k).then(|| alloca(b, &format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));
+    let parts: Vec<Part> = (0..*k)
+        .step_by(chunk)
+        .map(|k0| Part {
+            k0,
+            len: chunk.min(k - k0),
+            first: k0 == 0,
+            last: k0 + chunk >= *k,
+        })
+        .collect();
 
     let total = b.idx(*n);
     let (n_start, n_end) = thread_range(b, total, d, nb);
@@ -80,20 +115,26 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
 
     // One block of `cols` weight rows starting at `n0`, over every row tile.
     let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
-        let src = match scratch {
-            Some(s) => {
-                widen_rows(b, w, *wdtype, s, n0, cols, *k, m.lanes);
-                WeightSrc::Scratch(s)
+        for part in &parts {
+            let src = match scratch {
+                Some(s) => {
+                    widen_rows(b, w, *wdtype, s, n0, cols, *part, m.lanes);
+                    WeightSrc::Scratch(s)
+                }
+                None => stored,
+            };
+            let mr_c = b.idx(mr);
+            let rows_full = b.muli(b.divui(d.rows, mr_c), mr_c);
+            let zero = b.idx(0);
+            b.for_each(zero, rows_full, mr_c, |b, r0| {
+                m.micro(b, src, r0, n0, mr, cols, *part, acc)
+            });
+            if mr > 1 {
+                let one = b.idx(1);
+                b.for_each(rows_full, d.rows, one, |b, r0| {
+                    m.micro(b, src, r0, n0, 1, cols, *part, acc)
+                });
             }
-            None => stored,
-        };
-        let mr_c = b.idx(mr);
-        let rows_full = b.muli(b.divui(d.rows, mr_c), mr_c);
-        let zero = b.idx(0);
-        b.for_each(zero, rows_full, mr_c, |b, r0| m.micro(b, src, r0, n0, mr, cols));
-        if mr > 1 {
-            let one = b.idx(1);
-            b.for_each(rows_full, d.rows, one, |b, r0| m.micro(b, src, r0, n0, 1, cols));
         }
     };
     b.for_each(n_start, n_full_end, nb_c, |b, n0| block(b, n0, nb));
@@ -105,11 +146,48 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     }
 }
 
-/// Widens rows `n0..n0+cols` of `w` into the f32 scratch (row `j` of the block → scratch row
-/// `j`).
+/// A range `k0..k0 + len` of the reduction dimension that one pass of the micro-kernel covers:
+/// all of `k`, or one chunk of a quantised row too long for the scratch. Accumulators start at
+/// zero in the first part, are parked in the `acc` buffer between parts, and are summed and
+/// stored after the last.
+#[derive(Clone, Copy)]
+struct Part {
+    k0: usize,
+    len: usize,
+    first: bool,
+    last: bool,
+}
+
+/// Widens (or dequantises) columns `part.k0..part.k0 + part.len` of rows `n0..n0+cols` of `w`
+/// into the f32 scratch (row `j` of the block → scratch row `j`, column `kk - part.k0`).
 #[allow(clippy::too_many_arguments)]
-fn widen_rows<'c>(b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, scratch: Value<'c, '_>, n0: Value<'c, '_>, cols: usize, k: usize, lanes: usize) {
-    let (lo, hi, step) = (b.idx(0), b.idx(k), b.idx(lanes));
+fn widen_rows<'c>(
+    b: Kb<'c, '_>,
+    w: Value<'c, '_>,
+    dtype: DType,
+    scratch: Value<'c, '_>,
+    n0: Value<'c, '_>,
+    cols: usize,
+    part: Part,
+    lanes: usize,
+) {
+    if dtype.is_quantized() {
+        let be = dtype.block_elems();
+        let (lo, hi, one) = (b.idx(0), b.idx(part.len / be), b.idx(1));
+        let first = b.idx(part.k0 / be);
+        b.for_each(lo, hi, one, |b, i| {
+            let blk = b.addi(first, i);
+            let col0 = b.muli(i, b.idx(be));
+            for j in 0..cols {
+                let vals = quant::dequant_block(b, w, dtype, b.addi(n0, b.idx(j)), blk, lanes);
+                for (v, &val) in vals.iter().enumerate() {
+                    b.store(val, scratch, &[b.idx(j), b.addi(col0, b.idx(v * lanes))]);
+                }
+            }
+        });
+        return;
+    }
+    let (lo, hi, step) = (b.idx(0), b.idx(part.len), b.idx(lanes));
     b.for_each(lo, hi, step, |b, kk| {
         for j in 0..cols {
             let v = b.load_weight(w, &[b.addi(n0, b.idx(j)), kk], lanes, dtype);
@@ -134,31 +212,113 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 let xv = b.load_f32(self.x, &[row, kk], lanes);
                 vec![b.fma(wv, xv, acc[0])]
             });
-            let mut s = b.reduce_many(&acc)[0];
-            if let Some((bias, bdtype)) = self.bias {
-                s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
-            }
-            if self.accumulate {
-                s = b.addf(b.load_f32(self.y, &[row, col], 1), s);
-            }
-            b.store(s, self.y, &[row, col]);
+            let s = b.reduce_many(&acc)[0];
+            self.finish(b, s, row, col);
         });
     }
 
-    /// Computes the `mr x nb` outputs at rows `r0..r0+mr`, columns `n0..n0+nb`.
-    fn micro(&self, b: Kb<'c, '_>, src: WeightSrc<'c, '_>, r0: Value<'c, '_>, n0: Value<'c, '_>, mr: usize, nb: usize) {
+    /// Decode over quantised weights: each thread walks its rows a few at a time,
+    /// block by block in address order; every block is dequantised into vectors in k order and
+    /// folded into that row's single accumulator with the activation vectors, so each output
+    /// is the same chain of FMAs as in prefill (which dequantises the same values into its
+    /// scratch) and the two agree bit for bit. Interleaving a few rows gives the core
+    /// independent FMA chains to overlap with the dequantisation work.
+    fn decode_quant(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
+        let group = decode_quant_rows(dtype).min(n);
+        let total = b.idx(n);
+        let (start, end) = thread_range(b, total, d, group);
+        let g_c = b.idx(group);
+        let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
+        b.for_each(start, full_end, g_c, |b, col| self.quant_rows(b, w, dtype, col, group));
+        // Chunks are whole groups, so only the thread ending at `n` has `n % group` rows left.
+        let rem = n % group;
+        if rem > 0 {
+            let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
+            b.if_then(has_rem, |b| self.quant_rows(b, w, dtype, full_end, rem));
+        }
+    }
+
+    /// Outputs `col0..col0 + rows` of the decode row from quantised weights.
+    fn quant_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize) {
+        let lanes = self.lanes;
+        let be = dtype.block_elems();
+        let blocks = self.k / be;
+        // Several 32-element blocks per iteration, to amortise the loop's own instructions.
+        let unroll = [4, 2, 1]
+            .into_iter()
+            .find(|&u| be * u <= 128 && blocks.is_multiple_of(u))
+            .unwrap_or(1);
+        let row = b.idx(0);
+        let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
+        let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
+        let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
+        let acc = b.for_range(zero, hi, step, &inits, |b, kb, acc| {
+            let mut acc = acc;
+            for u in 0..unroll {
+                let blk = b.addi(kb, b.idx(u));
+                let k0 = b.muli(blk, b.idx(be));
+                let xs: Vec<Value> = (0..be / lanes)
+                    .map(|i| b.load_f32(self.x, &[row, b.addi(k0, b.idx(i * lanes))], lanes))
+                    .collect();
+                for (r, &col) in cols.iter().enumerate() {
+                    for (wv, &xv) in quant::dequant_block(b, w, dtype, col, blk, lanes).into_iter().zip(&xs) {
+                        acc[r] = b.fma(wv, xv, acc[r]);
+                    }
+                }
+            }
+            acc
+        });
+        let sums = b.reduce_many(&acc);
+        for (&s, &col) in sums.iter().zip(&cols) {
+            self.finish(b, s, row, col);
+        }
+    }
+
+    /// The epilogue of one output: `+ bias`, `+= y` when accumulating, store.
+    fn finish<'b>(&self, b: Kb<'c, 'b>, mut s: Value<'c, 'b>, row: Value<'c, '_>, col: Value<'c, '_>) {
+        if let Some((bias, bdtype)) = self.bias {
+            s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
+        }
+        if self.accumulate {
+            s = b.addf(b.load_f32(self.y, &[row, col], 1), s);
+        }
+        b.store(s, self.y, &[row, col]);
+    }
+
+    /// Computes the `mr x nb` outputs at rows `r0..r0+mr`, columns `n0..n0+nb`, over the part
+    /// of `k` in `part` (accumulators parked in `acc` between parts).
+    #[allow(clippy::too_many_arguments)]
+    fn micro(
+        &self,
+        b: Kb<'c, '_>,
+        src: WeightSrc<'c, '_>,
+        r0: Value<'c, '_>,
+        n0: Value<'c, '_>,
+        mr: usize,
+        nb: usize,
+        part: Part,
+        acc: Option<Value<'c, '_>>,
+    ) {
         let lanes = self.lanes;
         let rows: Vec<Value> = (0..mr).map(|i| b.addi(r0, b.idx(i))).collect();
         let cols: Vec<Value> = (0..nb).map(|j| b.addi(n0, b.idx(j))).collect();
         let slots: Vec<Value> = (0..nb).map(|j| b.idx(j)).collect();
-        let inits: Vec<Value> = (0..mr * nb).map(|_| b.zero_like(lanes)).collect();
-        let (zero, kc, step) = (b.idx(0), b.idx(self.k), b.idx(lanes));
-        let acc = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
-            let xs: Vec<Value> = rows.iter().map(|&r| b.load_f32(self.x, &[r, kk], lanes)).collect();
+        let parked = |i: usize, j: usize| [rows[i], b.idx(j * lanes)];
+        let inits: Vec<Value> = (0..mr * nb)
+            .map(|ij| match acc {
+                Some(a) if !part.first => b.load_f32(a, &parked(ij / nb, ij % nb), lanes),
+                _ => b.zero_like(lanes),
+            })
+            .collect();
+        let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(lanes));
+        let k0 = b.idx(part.k0);
+        let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
+            let kx = b.addi(k0, kk);
+            let xs: Vec<Value> = rows.iter().map(|&r| b.load_f32(self.x, &[r, kx], lanes)).collect();
             let mut next = acc.clone();
             for j in 0..nb {
                 let wv = match src {
-                    WeightSrc::Stored { w, dtype } => b.load_weight(w, &[cols[j], kk], lanes, dtype),
+                    WeightSrc::Stored { w, dtype } => b.load_weight(w, &[cols[j], kx], lanes, dtype),
                     WeightSrc::Scratch(s) => b.load_f32(s, &[slots[j], kk], lanes),
                 };
                 for (i, &xv) in xs.iter().enumerate() {
@@ -167,17 +327,17 @@ impl<'c, 'a> MatMul<'c, 'a> {
             }
             next
         });
+        if !part.last {
+            let a = acc.expect("an accumulator buffer when k is split");
+            for (ij, &v) in acc_out.iter().enumerate() {
+                b.store(v, a, &parked(ij / nb, ij % nb));
+            }
+            return;
+        }
         for (i, &row) in rows.iter().enumerate() {
-            let sums = b.reduce_many(&acc[i * nb..(i + 1) * nb]);
+            let sums = b.reduce_many(&acc_out[i * nb..(i + 1) * nb]);
             for (j, &col) in cols.iter().enumerate() {
-                let mut s = sums[j];
-                if let Some((bias, bdtype)) = self.bias {
-                    s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
-                }
-                if self.accumulate {
-                    s = b.addf(b.load_f32(self.y, &[row, col], 1), s);
-                }
-                b.store(s, self.y, &[row, col]);
+                self.finish(b, sums[j], row, col);
             }
         }
     }

@@ -10,6 +10,7 @@ mod elementwise;
 mod matmul;
 mod norm;
 mod probe;
+mod quant;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};
@@ -37,9 +38,28 @@ pub fn memref(shape: &[usize], elem: &str) -> String {
     format!("memref<{}x{elem}>", dims.join("x"))
 }
 
-/// Element type name of weights of a storage type.
+/// Element type name of weights of a plain float storage type.
 pub fn elem(dtype: DType) -> &'static str {
+    assert!(
+        !dtype.is_quantized(),
+        "{dtype} weights are passed as rows of bytes (see `weight_matrix`)"
+    );
     dtype.name()
+}
+
+/// The memref type of a `[rows, cols]` weight matrix: its elements for float types, and for
+/// quantised types its rows of bytes (`cols / block_elems` GGML blocks each), so that a row is
+/// addressed by its index and a block by its byte offset within the row.
+pub fn weight_matrix(rows: usize, cols: usize, dtype: DType) -> String {
+    if dtype.is_quantized() {
+        assert!(
+            dtype.fits(cols),
+            "a row of {cols} {dtype} values is not a whole number of blocks"
+        );
+        memref(&[rows, dtype.bytes_for(cols)], "i8")
+    } else {
+        memref(&[rows, cols], elem(dtype))
+    }
 }
 
 /// Builds the module for one kernel.
@@ -113,7 +133,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
     match kernel {
         Kernel::Embed { vocab, hidden, dtype, max_rows } => vec![
             memref(&[*max_rows], "i32"),
-            memref(&[*vocab, *hidden], elem(*dtype)),
+            weight_matrix(*vocab, *hidden, *dtype),
             memref(&[*max_rows, *hidden], "f32"),
         ],
         Kernel::RmsNorm { dim, wdtype, max_rows, .. } => vec![
@@ -124,7 +144,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
         Kernel::MatMul { n, k, wdtype, bias, max_rows, .. } => {
             let mut v = vec![
                 memref(&[*max_rows, *k], "f32"),
-                memref(&[*n, *k], elem(*wdtype)),
+                weight_matrix(*n, *k, *wdtype),
                 memref(&[*max_rows, *n], "f32"),
             ];
             if let Some(b) = bias {

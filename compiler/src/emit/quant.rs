@@ -1,0 +1,415 @@
+//! GGML block formats dequantised in registers.
+//!
+//! A quantised `[n, k]` weight is passed as `memref<n x ROWBYTES x i8>`: row `r` is
+//! `k / block_elems` consecutive blocks, laid out exactly as GGML stores them (see
+//! `runtime/src/gguf/dequant.rs`, the reference these emitters reproduce). Nothing is assumed
+//! about alignment: every load is an unaligned vector load of bytes.
+//!
+//! [`dequant_block`] turns one block into f32 vectors of `lanes` lanes in k order. Each format
+//! is described the same way: per group of `lanes` elements an integer *code* vector (the
+//! quantised value as an unsigned or signed integer, extracted with vector shifts and masks), and
+//! per *scale group* (the elements sharing a scale, and a min where the format has one) an
+//! [`Affine`] map from code to value written with the reference's own operations in the
+//! reference's order — `(c - off) * d`, `c * d + m` or `d * c - m`, each rounding separately,
+//! never fused — so every value equals the reference bit for bit.
+//!
+//! With AVX-512 (16 lanes) the formats whose codes have at most 5 bits and whose scale groups
+//! span 32 elements or more (q4_0, q4_1, q5_0, q5_1, q4_k, q5_k) evaluate the affine map once per
+//! scale group on all 16 or 32 possible codes (a *table*, computed with the same operations on
+//! the same operands, hence the same values), and look each code up with one `vpermps`
+//! (16 entries) or `vpermi2ps` (32 entries): a conversion, a multiply and an add per vector
+//! become one permute. The other formats, and every format on narrower machines, convert the
+//! codes and apply the map per vector.
+
+use crate::ir::Kb;
+use kiln_spec::DType;
+use melior::ir::Value;
+use std::collections::HashMap;
+
+/// `vpermps` with a 512-bit table: `out[i] = table[idx[i] & 15]`.
+const PERMPS_512: &str = "llvm.x86.avx512.permvar.sf.512";
+/// `vpermi2ps` with two 512-bit tables: `out[i] = (idx[i] & 16 ? hi : lo)[idx[i] & 15]`.
+const PERMI2PS_512: &str = "llvm.x86.avx512.vpermi2var.ps.512";
+
+/// 2^23, whose f32 encoding has an all-zero mantissa: `bits(2^23) | c` encodes `2^23 + c` for
+/// any `c < 2^23`.
+const MAGIC: f32 = 8_388_608.0;
+const MAGIC_BITS: i64 = 0x4B00_0000;
+
+/// How the codes of one scale group become values; `d` and `m` are `lanes`-wide splats.
+#[derive(Clone, Copy)]
+enum Affine<'c, 'a> {
+    /// `(c - off) as f32 * d` (codes signed when `off` is 0).
+    Offset { d: Value<'c, 'a>, off: i64 },
+    /// `c as f32 * d + m`.
+    MulAdd { d: Value<'c, 'a>, m: Value<'c, 'a> },
+    /// `d * c as f32 - m`.
+    MulSub { d: Value<'c, 'a>, m: Value<'c, 'a> },
+}
+
+/// Whether `dequant_block` looks codes up in per-scale-group tables for this format and width.
+fn uses_tables(dtype: DType, lanes: usize) -> bool {
+    lanes == 16
+        && cfg!(target_arch = "x86_64")
+        && matches!(
+            dtype,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K
+        )
+}
+
+/// The values of block `blk` of row `row` of the quantised weight `w` (`memref<N x ROWBYTES x
+/// i8>`), as `dtype.block_elems() / lanes` vectors of `lanes` f32 in k order.
+pub fn dequant_block<'c, 'a>(
+    b: Kb<'c, 'a>,
+    w: Value<'c, '_>,
+    dtype: DType,
+    row: Value<'c, '_>,
+    blk: Value<'c, '_>,
+    lanes: usize,
+) -> Vec<Value<'c, 'a>> {
+    assert!(dtype.is_quantized(), "{dtype} is not a block format");
+    assert!(
+        lanes.is_power_of_two() && lanes <= 16,
+        "quantised blocks are read in groups of at most 16 lanes"
+    );
+    let base = b.muli(blk, b.idx(dtype.block_bytes()));
+    let q = Blk {
+        b,
+        w,
+        row,
+        base,
+        lanes,
+        cache: HashMap::new(),
+    };
+    q.values(dtype)
+}
+
+/// One block being read: the byte offset of the block within its row, and the byte vectors
+/// already loaded (a group of bytes often feeds several code vectors).
+struct Blk<'c, 'a, 'w> {
+    b: Kb<'c, 'a>,
+    w: Value<'c, 'w>,
+    row: Value<'c, 'w>,
+    base: Value<'c, 'a>,
+    lanes: usize,
+    cache: HashMap<(usize, usize, bool), Value<'c, 'a>>,
+}
+
+impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
+    /// `n` bytes at `off` within the block, widened to i32 lanes (zero- or sign-extended).
+    fn bytes(&mut self, off: usize, n: usize, signed: bool) -> Value<'c, 'a> {
+        let b = self.b;
+        let (w, row, base) = (self.w, self.row, self.base);
+        *self.cache.entry((off, n, signed)).or_insert_with(|| {
+            let raw = b.load_bytes(w, &[row, b.addi(base, b.idx(off))], n);
+            if signed {
+                b.extsi(raw, "i32")
+            } else {
+                b.extui(raw, "i32")
+            }
+        })
+    }
+    /// The f16 at `off` as an f32 splat of `lanes` lanes.
+    fn f16(&self, off: usize, lanes: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(off))], lanes)
+    }
+    fn c(&self, v: i64) -> Value<'c, 'a> {
+        self.b.int_splat(v, self.lanes, "i32")
+    }
+    /// `v >> s` for `s > 0`, `v << -s` for `s < 0` (i32 lanes).
+    fn shift(&self, v: Value<'c, 'a>, s: i64, lanes: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        match s {
+            0 => v,
+            s if s > 0 => b.shrui(v, b.int_splat(s, lanes, "i32")),
+            s => b.shli(v, b.int_splat(-s, lanes, "i32")),
+        }
+    }
+    /// Bits `bit..bit + width` of each lane, moved to bit `to`.
+    fn field(&self, v: Value<'c, 'a>, bit: i64, width: i64, to: i64) -> Value<'c, 'a> {
+        let lanes = self.lanes;
+        let moved = self.shift(v, bit - to, lanes);
+        let mask = ((1i64 << width) - 1) << to;
+        self.b.andi(moved, self.b.int_splat(mask, lanes, "i32"))
+    }
+
+    fn values(mut self, dtype: DType) -> Vec<Value<'c, 'a>> {
+        let lanes = self.lanes;
+        let b = self.b;
+        // Per group of `lanes` elements: its code vector and its scale group.
+        let mut codes: Vec<(Value<'c, 'a>, usize)> = Vec::new();
+        let affines: Vec<Affine<'c, 'a>>;
+        match dtype {
+            DType::Q8_0 => {
+                let d = self.f16(0, lanes);
+                codes = (0..32 / lanes)
+                    .map(|g| (self.bytes(2 + g * lanes, lanes, true), 0))
+                    .collect();
+                affines = vec![Affine::Offset { d, off: 0 }];
+            }
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+                // Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the
+                // 5-bit types add bit j of the little-endian u32 qh as bit 4.
+                let (qh, qs) = match dtype {
+                    DType::Q4_0 => (None, 2),
+                    DType::Q4_1 => (None, 4),
+                    DType::Q5_0 => (Some(2), 6),
+                    _ => (Some(4), 8),
+                };
+                let high_bits = qh.map(|off| {
+                    let raw = b.load_bytes(self.w, &[self.row, b.addi(self.base, b.idx(off))], 4);
+                    b.vbitcast(raw, "vector<32xi1>")
+                });
+                for g in 0..32 / lanes {
+                    let e = g * lanes;
+                    let raw = self.bytes(qs + e % 16, lanes, false);
+                    let mut code = if e < 16 {
+                        b.andi(raw, self.c(15))
+                    } else {
+                        b.shrui(raw, self.c(4))
+                    };
+                    if let Some(bits) = high_bits {
+                        let hb = b.extui(b.slice(bits, e, lanes), "i32");
+                        code = b.ori(code, b.shli(hb, self.c(4)));
+                    }
+                    codes.push((code, 0));
+                }
+                let d = self.f16(0, lanes);
+                affines = vec![match dtype {
+                    DType::Q4_0 => Affine::Offset { d, off: 8 },
+                    DType::Q5_0 => Affine::Offset { d, off: 16 },
+                    _ => Affine::MulAdd {
+                        d,
+                        m: self.f16(2, lanes),
+                    },
+                }];
+            }
+            DType::Q2K => {
+                // scales[16] @0, qs[64] @16, d @80, dmin @82. Sub-block `is = 8n + 2s + h` holds
+                // 2-bit field `s` of qs[32n + 16h + l], l = 0..16.
+                let sc = self.bytes(0, 16, false);
+                let d = b.mulf(b.uitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), self.f16(80, 16));
+                let m = b.mulf(b.uitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), self.f16(82, 16));
+                affines = (0..16)
+                    .map(|i| Affine::MulSub {
+                        d: splat(b, d, i, lanes),
+                        m: splat(b, m, i, lanes),
+                    })
+                    .collect();
+                for e in (0..256).step_by(lanes) {
+                    let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
+                    let raw = self.bytes(16 + 32 * n + 16 * h + l, lanes, false);
+                    codes.push((self.field(raw, 2 * s as i64, 2, 0), 8 * n + 2 * s + h));
+                }
+            }
+            DType::Q3K => {
+                // hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Sub-block `is = 8n + 2s + h`:
+                // 2-bit field `s` of qs[32n + 16h + l] plus bit `4n + s` of hmask[16h + l] as
+                // bit 2; value `(code - 4) * d * (scale - 32)`.
+                let scales = self.q3k_scales();
+                let dl = b.mulf(self.f16(108, 16), b.sitofp(b.subi(scales, b.int_splat(32, 16, "i32"))));
+                affines = (0..16)
+                    .map(|i| Affine::Offset {
+                        d: splat(b, dl, i, lanes),
+                        off: 4,
+                    })
+                    .collect();
+                for e in (0..256).step_by(lanes) {
+                    let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
+                    let qs = self.bytes(32 + 32 * n + 16 * h + l, lanes, false);
+                    let hm = self.bytes(16 * h + l, lanes, false);
+                    let low = self.field(qs, 2 * s as i64, 2, 0);
+                    let high = self.field(hm, (4 * n + s) as i64, 1, 2);
+                    codes.push((b.ori(low, high), 8 * n + 2 * s + h));
+                }
+            }
+            DType::Q4K | DType::Q5K => {
+                // d @0, dmin @2, scales[12] @4, (q5_k: qh[32] @16), qs[128] @16 or @48. Chunk c of
+                // 64: the low nibbles of qs[32c + l] (sub-block 2c), then the high nibbles
+                // (2c + 1); q5_k adds bit 2c (2c + 1) of qh[l] as bit 4.
+                let sm = self.k4_scales_mins();
+                affines = (0..8)
+                    .map(|j| Affine::MulSub {
+                        d: splat(b, sm, j, lanes),
+                        m: splat(b, sm, 8 + j, lanes),
+                    })
+                    .collect();
+                let qs = if dtype == DType::Q4K { 16 } else { 48 };
+                for e in (0..256).step_by(lanes) {
+                    let (c, h, l) = (e / 64, (e % 64) / 32, e % 32);
+                    let raw = self.bytes(qs + 32 * c + l, lanes, false);
+                    let mut code = if h == 0 {
+                        b.andi(raw, self.c(15))
+                    } else {
+                        b.shrui(raw, self.c(4))
+                    };
+                    if dtype == DType::Q5K {
+                        let qh = self.bytes(16 + l, lanes, false);
+                        code = b.ori(code, self.field(qh, (2 * c + h) as i64, 1, 4));
+                    }
+                    codes.push((code, 2 * c + h));
+                }
+            }
+            DType::Q6K => {
+                // ql[128] @0, qh[64] @128, scales[16] (i8) @192, d @208. Element 128n + 32k + l:
+                // nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2 of qh[32n + l] as bits
+                // 4..6; value `d * scale[8n + 2k + l / 16] * (code - 32)`.
+                let ds = b.mulf(self.f16(208, 16), b.sitofp(self.bytes(192, 16, true)));
+                affines = (0..16)
+                    .map(|i| Affine::Offset {
+                        d: splat(b, ds, i, lanes),
+                        off: 32,
+                    })
+                    .collect();
+                for e in (0..256).step_by(lanes) {
+                    let (n, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let ql = self.bytes(64 * n + 32 * (k & 1) + l, lanes, false);
+                    let low = if k < 2 {
+                        b.andi(ql, self.c(15))
+                    } else {
+                        b.shrui(ql, self.c(4))
+                    };
+                    let qh = self.bytes(128 + 32 * n + l, lanes, false);
+                    codes.push((b.ori(low, self.field(qh, 2 * k as i64, 2, 4)), 8 * n + 2 * k + l / 16));
+                }
+            }
+            DType::F32 | DType::F16 | DType::BF16 => unreachable!("float weights are not blocks"),
+        }
+        if uses_tables(dtype, lanes) {
+            let bits = if matches!(dtype, DType::Q5_0 | DType::Q5_1 | DType::Q5K) {
+                5
+            } else {
+                4
+            };
+            let mut tables: HashMap<usize, Vec<Value<'c, 'a>>> = HashMap::new();
+            codes
+                .iter()
+                .map(|&(code, g)| {
+                    let t = tables.entry(g).or_insert_with(|| table(b, affines[g], bits)).clone();
+                    lookup(b, &t, code)
+                })
+                .collect()
+        } else {
+            codes
+                .iter()
+                .map(|&(code, g)| apply(b, affines[g], code, lanes))
+                .collect()
+        }
+    }
+
+    /// The 16 unsigned 6-bit scales of a q3_k block (ggml's `kmask` unpacking), as i32 lanes:
+    /// scale `s` takes its low 4 bits from nibble `s / 8` of byte `s % 8` and its high 2 bits from
+    /// bits `2 (s / 4)..` of byte `8 + s % 4` (bytes of the 12 at offset 96).
+    fn q3k_scales(&mut self) -> Value<'c, 'a> {
+        let b = self.b;
+        // Bytes 94..110: the 12 scale bytes are lanes 2..14 (the block ends at 110).
+        let raw = b.load_bytes(self.w, &[self.row, b.addi(self.base, b.idx(94))], 16);
+        let lo_src: Vec<usize> = (0..16).map(|s| 2 + s % 8).collect();
+        let hi_src: Vec<usize> = (0..16).map(|s| 2 + 8 + s % 4).collect();
+        let lo = b.extui(b.shuffle_any(raw, raw, &lo_src), "i32");
+        let hi = b.extui(b.shuffle_any(raw, raw, &hi_src), "i32");
+        let lo_shift: Vec<i64> = (0..16).map(|s| 4 * (s / 8) as i64).collect();
+        let hi_shift: Vec<i64> = (0..16).map(|s| 2 * (s / 4) as i64).collect();
+        let lo = b.andi(b.shrui(lo, b.int_vec(&lo_shift, "i32")), b.int_splat(15, 16, "i32"));
+        let hi = b.andi(b.shrui(hi, b.int_vec(&hi_shift, "i32")), b.int_splat(3, 16, "i32"));
+        b.ori(lo, b.shli(hi, b.int_splat(4, 16, "i32")))
+    }
+
+    /// `d * sc_j` (lanes 0..8) and `dmin * m_j` (lanes 8..16) of a q4_k/q5_k block, with the
+    /// 6-bit `sc_j`, `m_j` unpacked as ggml's `get_scale_min_k4`: for `j < 4` the low 6 bits of
+    /// bytes `j` and `j + 4`; for `j >= 4` the low (high) nibble of byte `j + 4` plus the top 2
+    /// bits of byte `j - 4` (`j`) as bits 4..6.
+    fn k4_scales_mins(&mut self) -> Value<'c, 'a> {
+        let b = self.b;
+        // Bytes 4..20: the 12 scale bytes are lanes 0..12.
+        let raw = b.load_bytes(self.w, &[self.row, b.addi(self.base, b.idx(4))], 16);
+        // Lane s: scale j = s for s < 8, min j = s - 8 for s >= 8.
+        let mut p_src = Vec::new();
+        let mut p_shift = Vec::new();
+        let mut p_mask = Vec::new();
+        let mut q_src = Vec::new();
+        let mut q_mask = Vec::new();
+        for s in 0..16 {
+            let (j, min) = (s % 8, s >= 8);
+            p_src.push(if j < 4 && !min { j } else { j + 4 });
+            p_shift.push(if j >= 4 && min { 4 } else { 0 });
+            p_mask.push(if j < 4 { 63 } else { 15 });
+            q_src.push(if j < 4 {
+                0
+            } else if min {
+                j
+            } else {
+                j - 4
+            });
+            q_mask.push(if j < 4 { 0 } else { 0x30 });
+        }
+        let p = b.extui(b.shuffle_any(raw, raw, &p_src), "i32");
+        let q = b.extui(b.shuffle_any(raw, raw, &q_src), "i32");
+        let p = b.andi(b.shrui(p, b.int_vec(&p_shift, "i32")), b.int_vec(&p_mask, "i32"));
+        let q = b.andi(b.shrui(q, b.int_splat(2, 16, "i32")), b.int_vec(&q_mask, "i32"));
+        let six = b.uitofp(b.ori(p, q));
+        let d = self.f16(0, 16);
+        let dmin = self.f16(2, 16);
+        let dm = b.shuffle_any(
+            d,
+            dmin,
+            &(0..16).map(|s| if s < 8 { s } else { 16 + s }).collect::<Vec<_>>(),
+        );
+        b.mulf(six, dm)
+    }
+}
+
+/// Lane `i` of `v` repeated `lanes` times.
+fn splat<'c, 'a>(b: Kb<'c, 'a>, v: Value<'c, 'a>, i: usize, lanes: usize) -> Value<'c, 'a> {
+    b.shuffle_any(v, v, &vec![i; lanes])
+}
+
+/// The values of a code vector (i32 lanes) under `a`.
+fn apply<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, code: Value<'c, 'a>, lanes: usize) -> Value<'c, 'a> {
+    match a {
+        Affine::Offset { d, off: 0 } => b.mulf(b.sitofp(code), d),
+        // `c - off` exactly, by placing the (non-negative, small) code in the mantissa of 2^23
+        // and subtracting `2^23 + off`: the `or` usually merges into the code's last logic op.
+        Affine::Offset { d, off } => {
+            let biased = b.bitcast(b.ori(code, b.int_splat(MAGIC_BITS, lanes, "i32")), "f32");
+            b.mulf(b.subf(biased, b.f32_splat(MAGIC + off as f32, lanes)), d)
+        }
+        Affine::MulAdd { d, m } => b.addf(b.mulf(b.uitofp(code), d), m),
+        Affine::MulSub { d, m } => b.subf(b.mulf(d, b.uitofp(code)), m),
+    }
+}
+
+/// `a` evaluated on every code `0..2^bits` (16-lane vectors), with the same operations as
+/// [`apply`].
+fn table<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, bits: u32) -> Vec<Value<'c, 'a>> {
+    (0..1usize << (bits - 4))
+        .map(|t| {
+            let codes: Vec<i64> = (0..16).map(|i| (16 * t + i) as i64).collect();
+            match a {
+                Affine::Offset { d, off } => {
+                    let v: Vec<f32> = codes.iter().map(|c| (c - off) as f32).collect();
+                    b.mulf(b.f32_vec(&v), d)
+                }
+                Affine::MulAdd { d, m } => {
+                    let v: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
+                    b.addf(b.mulf(b.f32_vec(&v), d), m)
+                }
+                Affine::MulSub { d, m } => {
+                    let v: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
+                    b.subf(b.mulf(d, b.f32_vec(&v)), m)
+                }
+            }
+        })
+        .collect()
+}
+
+/// `table[code]` per lane (16 lanes; one table of 16 entries or two of 16 for 32 codes).
+fn lookup<'c, 'a>(b: Kb<'c, 'a>, table: &[Value<'c, 'a>], code: Value<'c, 'a>) -> Value<'c, 'a> {
+    let ty = b.vec_ty(16, "f32");
+    match table {
+        [t] => b.intrinsic(PERMPS_512, &[*t, code], ty),
+        [lo, hi] => b.intrinsic(PERMI2PS_512, &[*lo, code, *hi], ty),
+        _ => unreachable!("tables hold 16 or 32 entries"),
+    }
+}
