@@ -7,6 +7,8 @@ use kiln_spec::abi::{KernelFn, PTR_ARGS};
 use kiln_spec::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
 use std::sync::OnceLock;
 
+mod quant;
+
 const H: usize = 64;
 const I: usize = 136;
 const HEADS: usize = 4;

@@ -1,0 +1,509 @@
+//! Kernels over GGML-quantised weights against the runtime's reference dequantisers
+//! (`runtime/src/gguf/dequant.rs`, bit-exact with ggml and gguf-py):
+//!
+//! * the embedding kernel, which only dequantises, reproduces the reference bit for bit on
+//!   random blocks (every finite f16 scale, subnormals included) and on the gguf-py fixtures;
+//! * matmuls (decode and prefill, bias and accumulate variants, several row and thread counts,
+//!   a remainder column block, and a `k` long enough to be processed in chunks) match an f64
+//!   reference computed from the reference-dequantised weights;
+//! * decode and prefill give bitwise-identical outputs for the same row.
+//!
+//! Every test runs at the host's vector width and at the narrower ones (8 and 4 lanes), which
+//! take the portable conversion path instead of AVX-512's table lookups.
+
+use super::{Rng, f32_to_f16, ptr};
+use crate::{CompileRequest, compile};
+use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::{CompileOptions, DType, HostCpu, Kernel};
+use std::sync::OnceLock;
+
+#[allow(dead_code)]
+#[path = "../../../runtime/src/gguf/dequant.rs"]
+mod dequant;
+
+const QUANTS: [DType; 10] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+/// Prefill rows of the test kernels.
+const ROWS: usize = 8;
+/// Rows of the embedding tables.
+const VOCAB: usize = 7;
+/// A row long enough that prefill dequantises it into the scratch in several chunks.
+const LONG_K: usize = 11008;
+
+/// Byte offsets of the f16 fields (scales and mins) in each block type.
+fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        DType::Q6K => &[208],
+        _ => unreachable!(),
+    }
+}
+
+/// Vector widths to test: the host's and every narrower one down to 4.
+fn widths() -> Vec<usize> {
+    let host = HostCpu::detect().f32_lanes();
+    [16, 8, 4].into_iter().filter(|&l| l <= host).collect()
+}
+
+impl Rng {
+    fn u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.u64() >> 32) as u8).collect()
+    }
+}
+
+/// `blocks` random blocks of `dtype`. Quant bytes are uniform; each f16 field is either any
+/// finite half (`wide`: subnormals and the largest values included) or a small one, so that
+/// dot products stay well conditioned.
+fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize, wide: bool) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let mut data = rng.bytes(blocks * bb);
+    for blk in data.chunks_exact_mut(bb) {
+        for &off in f16_fields(dtype) {
+            let h = if wide {
+                loop {
+                    let h = (rng.u64() >> 20) as u16;
+                    if h & 0x7c00 != 0x7c00 {
+                        break h;
+                    }
+                }
+            } else {
+                f32_to_f16((rng.f() * 1024.0).round() / 1024.0 / 16.0)
+            };
+            blk[off..off + 2].copy_from_slice(&h.to_le_bytes());
+        }
+    }
+    data
+}
+
+struct Lib {
+    _dir: tempfile::TempDir,
+    lib: libloading::Library,
+}
+
+impl Lib {
+    fn build(kernels: &[Kernel], lanes: usize) -> Lib {
+        let options = CompileOptions {
+            prefill_rows: ROWS,
+            f32_lanes: lanes,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let report = compile(&CompileRequest {
+            kernels,
+            options: &options,
+            out_dir: dir.path(),
+            library_name: "libquant.so",
+            emit_mlir: None,
+            emit_asm: None,
+            threads: None,
+            progress: None,
+        })
+        .expect("quantised kernels compile");
+        // SAFETY: the library was just produced by the compiler and exports the ABI.
+        let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
+        Lib { _dir: dir, lib }
+    }
+
+    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, nth: usize) {
+        let mut p = [std::ptr::null_mut(); PTR_ARGS];
+        p[..ptrs.len()].copy_from_slice(ptrs);
+        // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
+        unsafe {
+            let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
+            for tid in 0..nth {
+                f(
+                    p[0],
+                    p[1],
+                    p[2],
+                    p[3],
+                    p[4],
+                    p[5],
+                    p[6],
+                    p[7],
+                    rows as i64,
+                    0,
+                    tid as i64,
+                    nth as i64,
+                );
+            }
+        }
+    }
+}
+
+/// The shapes exercised per format: `(n, k, bias, accumulate)`.
+fn matmul_shapes(dtype: DType, lanes: usize, host: bool) -> Vec<(usize, usize, bool, bool)> {
+    let be = dtype.block_elems();
+    // 3 blocks (no unrolling) and 8 blocks (unrolled decode loop) of the legacy types; 2 and 3
+    // super-blocks of the K-quants. n = 20 and 13 leave remainders of the 6-column tile.
+    let mut shapes = vec![
+        (20, if be == 32 { 96 } else { 512 }, true, false),
+        (13, if be == 32 { 256 } else { 768 }, false, true),
+    ];
+    if host && lanes >= 8 {
+        shapes.push((7, LONG_K, false, false));
+    }
+    shapes
+}
+
+/// Every kernel of the suite for one vector width.
+fn suite(lanes: usize) -> Vec<Kernel> {
+    let host = lanes == HostCpu::detect().f32_lanes();
+    let mut out = Vec::new();
+    for dtype in QUANTS {
+        for max_rows in [4, 1] {
+            out.push(Kernel::Embed {
+                vocab: VOCAB,
+                hidden: 2 * dtype.block_elems(),
+                dtype,
+                max_rows,
+            });
+        }
+        for (n, k, bias, accumulate) in matmul_shapes(dtype, lanes, host) {
+            for max_rows in [ROWS, 1] {
+                let bias = bias.then_some(DType::F32);
+                out.push(Kernel::MatMul {
+                    n,
+                    k,
+                    wdtype: dtype,
+                    bias,
+                    accumulate,
+                    max_rows,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// One library per vector width, compiled once per test binary.
+fn lib(lanes: usize) -> &'static Lib {
+    static LIBS: [OnceLock<Lib>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let slot = match lanes {
+        16 => 0,
+        8 => 1,
+        _ => 2,
+    };
+    LIBS[slot].get_or_init(|| Lib::build(&suite(lanes), lanes))
+}
+
+fn reference(dtype: DType, data: &[u8]) -> Vec<f32> {
+    dequant::dequantize(dtype, data).expect("whole blocks")
+}
+
+/// Dequantises `table` (rows of `hidden` values) with the embedding kernel, every row once.
+fn embed_all(lib: &Lib, dtype: DType, hidden: usize, table: &mut [u8], rows: usize) -> Vec<f32> {
+    let vocab = table.len() / dtype.bytes_for(hidden);
+    let k = Kernel::Embed {
+        vocab,
+        hidden,
+        dtype,
+        max_rows: rows,
+    };
+    let mut out = Vec::new();
+    for first in (0..vocab).step_by(rows) {
+        let n = rows.min(vocab - first);
+        let mut tokens: Vec<i32> = (0..rows).map(|i| (first + i.min(n - 1)) as i32).collect();
+        let mut x = vec![f32::NAN; rows * hidden];
+        lib.call(&k, &[ptr(&mut tokens), table.as_mut_ptr(), ptr(&mut x)], n, 2);
+        out.extend_from_slice(&x[..n * hidden]);
+    }
+    out
+}
+
+fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+        assert!(
+            same,
+            "{what}[{i}]: got {g} ({:#010x}), want {w} ({:#010x})",
+            g.to_bits(),
+            w.to_bits()
+        );
+    }
+}
+
+#[test]
+fn embed_dequantises_bit_for_bit() {
+    for lanes in widths() {
+        let lib = lib(lanes);
+        let mut rng = Rng(0x5eed_0000 + lanes as u64);
+        for dtype in QUANTS {
+            let hidden = 2 * dtype.block_elems();
+            let mut table = random_blocks(&mut rng, dtype, 2 * VOCAB, true);
+            let want = reference(dtype, &table);
+            for rows in [4, 1] {
+                let got = embed_all(lib, dtype, hidden, &mut table, rows);
+                assert_bits(&got, &want, &format!("{dtype} embed, {lanes} lanes, {rows} rows"));
+            }
+        }
+    }
+}
+
+#[test]
+fn embed_matches_gguf_py_fixtures() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/data/gguf/dequant");
+    for lanes in widths() {
+        let lib = lib(lanes);
+        for dtype in QUANTS {
+            let Ok(data) = std::fs::read(dir.join(format!("{}.blocks", dtype.name()))) else {
+                eprintln!("no gguf-py fixture for {dtype}; skipped");
+                continue;
+            };
+            let want: Vec<f32> = std::fs::read(dir.join(format!("{}.f32", dtype.name())))
+                .unwrap()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let blocks = data.len() / dtype.block_bytes();
+            assert!(blocks >= 8 && blocks % 2 == 0, "{dtype}: {blocks} fixture blocks");
+            let mut got = Vec::new();
+            // The suite's embedding kernels have VOCAB rows of two blocks: feed the fixture
+            // VOCAB rows at a time, padding the last table with zero bytes.
+            let (row_bytes, row_elems) = (2 * dtype.block_bytes(), 2 * dtype.block_elems());
+            for chunk in data.chunks(VOCAB * row_bytes) {
+                let mut table = chunk.to_vec();
+                table.resize(VOCAB * row_bytes, 0);
+                let vals = embed_all(lib, dtype, row_elems, &mut table, 4);
+                got.extend_from_slice(&vals[..chunk.len() / row_bytes * row_elems]);
+            }
+            assert_bits(&got, &want, &format!("{dtype} gguf-py fixture, {lanes} lanes"));
+        }
+    }
+}
+
+#[test]
+fn quantised_matmuls_prefill_and_decode() {
+    for lanes in widths() {
+        let lib = lib(lanes);
+        let host = lanes == HostCpu::detect().f32_lanes();
+        let mut rng = Rng(0xfeed_0000 + lanes as u64);
+        for dtype in QUANTS {
+            for (n, k, bias, accumulate) in matmul_shapes(dtype, lanes, host) {
+                let bias_t = bias.then_some(DType::F32);
+                let prefill = Kernel::MatMul {
+                    n,
+                    k,
+                    wdtype: dtype,
+                    bias: bias_t,
+                    accumulate,
+                    max_rows: ROWS,
+                };
+                let decode = Kernel::MatMul {
+                    n,
+                    k,
+                    wdtype: dtype,
+                    bias: bias_t,
+                    accumulate,
+                    max_rows: 1,
+                };
+                let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+                let wv = reference(dtype, &w);
+                let mut bv = rng.vec(n);
+                let x = rng.vec(ROWS * k);
+                let y0 = rng.vec(ROWS * n);
+                let what = |kind: &str, rows: usize, nth: usize| {
+                    format!("{dtype} n{n} k{k} {kind}: {lanes} lanes, {rows} rows, {nth} threads")
+                };
+                for (rows, nth) in [(ROWS, 1), (5, 2), (1, 3)] {
+                    // f64 sums, and the scale of their f32 rounding error: a few units of
+                    // roundoff of the sum of the terms' magnitudes (the partial sums of a long
+                    // f32 chain grow with k).
+                    let (want, tol): (Vec<f64>, Vec<f64>) = (0..rows * n)
+                        .map(|i| {
+                            let (r, j) = (i / n, i % n);
+                            let terms = (0..k).map(|c| x[r * k + c] as f64 * wv[j * k + c] as f64);
+                            let (mut s, mut mag) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+                            if bias {
+                                s += bv[j] as f64;
+                                mag += (bv[j] as f64).abs();
+                            }
+                            if accumulate {
+                                s += y0[i] as f64;
+                                mag += (y0[i] as f64).abs();
+                            }
+                            (s, 4.0 * f32::EPSILON as f64 / 2.0 * mag + 1e-30)
+                        })
+                        .unzip();
+                    let mut xs = x.clone();
+                    let mut y = y0.clone();
+                    let mut ptrs = vec![ptr(&mut xs), w.as_mut_ptr(), ptr(&mut y)];
+                    if bias {
+                        ptrs.push(ptr(&mut bv));
+                    }
+                    lib.call(&prefill, &ptrs, rows, nth);
+                    for (i, ((g, w), t)) in y.iter().zip(&want).zip(&tol).enumerate() {
+                        let err = (*g as f64 - w).abs();
+                        assert!(
+                            err <= *t,
+                            "{}[{i}]: got {g}, want {w} (|err| {err:e} > {t:e})",
+                            what("prefill", rows, nth)
+                        );
+                    }
+                    assert_eq!(
+                        &y[rows * n..],
+                        &y0[rows * n..],
+                        "{}: rows past `rows` untouched",
+                        what("prefill", rows, nth)
+                    );
+
+                    // Decode, one row at a time, must agree with prefill bit for bit.
+                    for r in 0..rows {
+                        let mut xr = x[r * k..(r + 1) * k].to_vec();
+                        let mut yr = y0[r * n..(r + 1) * n].to_vec();
+                        let mut ptrs = vec![ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)];
+                        if bias {
+                            ptrs.push(ptr(&mut bv));
+                        }
+                        lib.call(&decode, &ptrs, 1, nth);
+                        assert_bits(
+                            &yr,
+                            &y[r * n..(r + 1) * n],
+                            &format!("{} row {r}: decode = prefill", what("decode", rows, nth)),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn model_kernels_accepts_quantised_matrices_only() {
+    let options = CompileOptions {
+        prefill_rows: ROWS,
+        f32_lanes: 8,
+    };
+    let mut s = super::spec(false, None);
+    s.embed_dtype = DType::Q8_0;
+    s.layers[0].dtypes.q = DType::Q4_0;
+    s.layers[1].dtypes.gate = DType::Q5_1;
+    let kernels = crate::model_kernels(&s, &options).expect("quantised matrices with whole blocks compile");
+    assert!(
+        kernels
+            .iter()
+            .any(|k| matches!(k, Kernel::Embed { dtype: DType::Q8_0, .. }))
+    );
+    assert!(
+        kernels.iter().any(|k| matches!(
+            k,
+            Kernel::MatMul {
+                wdtype: DType::Q8_0,
+                max_rows: 1,
+                ..
+            }
+        )),
+        "tied head"
+    );
+
+    let mut bad = s.clone();
+    bad.layers[0].dtypes.k = DType::Q4K; // rows of 64 values, super-blocks of 256
+    let err = crate::model_kernels(&bad, &options).unwrap_err().to_string();
+    assert!(
+        err.contains("k_proj") && err.contains("not a whole number of 256-value blocks"),
+        "{err}"
+    );
+
+    let mut bad = s.clone();
+    bad.layers[1].dtypes.mlp_norm = DType::Q8_0;
+    let err = crate::model_kernels(&bad, &options).unwrap_err().to_string();
+    assert!(
+        err.contains("post_attention_layernorm") && err.contains("not for norms or biases"),
+        "{err}"
+    );
+}
+
+/// Decode throughput per format on one thread (`cargo test -p kiln-compiler --release --
+/// --ignored quant_decode_speed --nocapture`); `KILN_QUANT_ASM=dir` also writes the assembly.
+#[test]
+#[ignore]
+fn quant_decode_speed() {
+    let lanes = HostCpu::detect().f32_lanes();
+    let (n, k) = (1024, 2048);
+    let mut types = vec![DType::BF16, DType::F32];
+    types.extend(QUANTS);
+    let kernels: Vec<Kernel> = types
+        .iter()
+        .map(|&wdtype| Kernel::MatMul {
+            n,
+            k,
+            wdtype,
+            bias: None,
+            accumulate: false,
+            max_rows: 1,
+        })
+        .collect();
+    let options = CompileOptions {
+        prefill_rows: ROWS,
+        f32_lanes: lanes,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
+    let report = compile(&CompileRequest {
+        kernels: &kernels,
+        options: &options,
+        out_dir: dir.path(),
+        library_name: "libspeed.so",
+        emit_mlir: asm.as_deref(),
+        emit_asm: asm.as_deref(),
+        threads: None,
+        progress: None,
+    })
+    .unwrap();
+    // SAFETY: as in `Lib::build`.
+    let lib = Lib {
+        lib: unsafe { libloading::Library::new(&report.library) }.unwrap(),
+        _dir: dir,
+    };
+    let mut rng = Rng(3);
+    for (kernel, dtype) in kernels.iter().zip(types) {
+        let mut w: Vec<u8> = match dtype {
+            DType::F32 => rng.vec(n * k).iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::BF16 => rng
+                .vec(n * k)
+                .iter()
+                .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                .collect(),
+            q => random_blocks(&mut rng, q, n * k / q.block_elems(), false),
+        };
+        let mut x = rng.vec(k);
+        let mut y = vec![0f32; n];
+        let ptrs = [ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
+        for _ in 0..20 {
+            lib.call(kernel, &ptrs, 1, 1);
+        }
+        // The fastest of many calls: other processes only ever slow a call down.
+        let s = (0..500)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                lib.call(kernel, &ptrs, 1, 1);
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "{dtype:>5}: {:8.1} us  {:6.2} Gweights/s  {:6.2} GB/s",
+            s * 1e6,
+            (n * k) as f64 / s / 1e9,
+            w.len() as f64 / s / 1e9
+        );
+    }
+}
