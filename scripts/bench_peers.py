@@ -16,6 +16,14 @@ bench/results/ and prints it. A GGUF file can be given instead of a folder with 
 Kiln runs that same file too).
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import argparse
 import datetime
 import hashlib
@@ -106,17 +114,21 @@ def to_gguf(model_dir, version):
 LLAMA_RUNNER = r"""
 import json, sys, time
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 path, threads, prompt, gen = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(prompt) + gen + 16,
             n_batch=512, n_ubatch=512, verbose=False, use_mmap=True)
+n_vocab = llm.n_vocab()
+def last():  # the last token's logits (llm.scores is only filled with logits_all)
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
 def once():
     llm.reset()
     t = time.perf_counter(); llm.eval(prompt); p = time.perf_counter() - t
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = int(np.argmax(last()))
     t = time.perf_counter()
     for _ in range(gen):
-        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([tok]); tok = int(np.argmax(last()))
     d = time.perf_counter() - t
     return len(prompt) / p, gen / d
 once()  # warm-up, as kiln bench does

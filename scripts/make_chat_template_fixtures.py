@@ -14,6 +14,14 @@ depend on the day the script ran; the Rust side reads the same instant from
 Usage: python3 scripts/make_chat_template_fixtures.py  (needs `transformers` and `jinja2`).
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import datetime as _datetime
 import json
 import sys

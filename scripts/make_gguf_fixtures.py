@@ -52,6 +52,14 @@ The vocabularies are trained here by a 40-line BPE trainer on a fixed multilingu
 files carry real merges and scores without any download.
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import argparse
 import ctypes
 import glob

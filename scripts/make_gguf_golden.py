@@ -15,6 +15,14 @@ Needs `llama-cpp-python` (PyPI; provides the quantiser and, in its source distri
 convert_hf_to_gguf.py), `gguf`, `sentencepiece`, `torch`, `transformers`.
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import ctypes
 import os
 import pathlib

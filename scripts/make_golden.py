@@ -31,6 +31,14 @@ tokens; Mistral's sliding window must change the long-prompt logits (and a promp
 form must load to identical logits. tests/fixtures/README.md describes the output.
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import argparse
 import inspect
 import json

@@ -33,6 +33,14 @@ The output folder holds what a hub download holds:
           trained Llama-style tokenizer of make_golden.py (1000 tokens, all < vocab_size 32000).
 """
 
+import os as _os
+import sys as _sys
+
+# scripts/profile.py would shadow the standard library's `profile` (torch imports it):
+# keep this folder off the module path before anything else is imported.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or '.') != _here]
+
 import argparse
 import base64
 import json

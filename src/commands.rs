@@ -86,6 +86,7 @@ pub struct RunArgs {
     pub prefill_block: Option<usize>,
     pub ctx: Option<usize>,
     pub show_special: bool,
+    pub ignore_eos: bool,
     pub json: bool,
     /// No progress bars or statistics on stderr.
     pub quiet: bool,
@@ -127,7 +128,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     let mut session = prepared.into_session(&opts)?;
-    let eos_token_ids = if args.chat { chat::chat_stop_ids(&session.tokenizer, session.eos_token_ids()) } else { session.eos_token_ids() };
+    let eos_token_ids = if args.ignore_eos {
+        Vec::new()
+    } else if args.chat {
+        chat::chat_stop_ids(&session.tokenizer, session.eos_token_ids())
+    } else {
+        session.eos_token_ids()
+    };
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling,
@@ -378,5 +385,64 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing in {}", dir.display()))?;
     tmp.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
     tmp.persist(path).map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.error))?;
+    Ok(())
+}
+
+pub struct DebugArgs {
+    pub model: PathBuf,
+    pub prompt: Option<String>,
+    pub ids: Option<Vec<u32>>,
+    pub chat: bool,
+    pub all_tokens: bool,
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub dequantize: Option<kiln_spec::DType>,
+}
+
+/// `kiln debug`: one JSON object with the prompt's token ids, the residual stream after the
+/// embedding and after each layer (last token, or every token), and the last logits.
+pub fn debug_layers(args: &DebugArgs) -> Result<()> {
+    let opts = OpenOptions {
+        threads: args.threads,
+        prefill_rows: args.prefill_block,
+        dequantize: args.dequantize,
+        ..OpenOptions::default()
+    };
+    let prepared = PreparedModel::open(&args.model, &opts)?;
+    let prompt = args.prompt.as_deref().unwrap_or_default();
+    let ids = if let Some(ids) = &args.ids {
+        ids.clone()
+    } else if args.chat {
+        let template = crate::chat::load_template(&prepared.tokenizer, &args.model, "use --chat only with chat models")?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: crate::chat::thinking_option(&prepared.tokenizer, false),
+            ..RenderOptions::default()
+        };
+        let rendered = crate::chat::render_single(&template, &options, None, prompt)?;
+        prepared.tokenizer.encode(&rendered.text, false)?
+    } else {
+        prepared.tokenizer.encode(prompt, true)?
+    };
+    if ids.is_empty() {
+        anyhow::bail!("the prompt encodes to no tokens");
+    }
+    let mut session = prepared.into_session(&opts)?;
+    let layers = session.engine.prefill_layer_by_layer(&ids)?;
+    let residuals: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|rows| if args.all_tokens { json!(rows) } else { json!(rows.last().expect("at least one token")) })
+        .collect();
+    println!(
+        "{}",
+        json!({
+            "model": session.dir.display().to_string(),
+            "prompt_token_ids": ids,
+            "hidden_size": session.spec.hidden_size,
+            "all_tokens": args.all_tokens,
+            "residuals": residuals,
+            "logits": session.engine.logits(),
+        })
+    );
     Ok(())
 }

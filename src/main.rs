@@ -64,6 +64,9 @@ enum Command {
         /// Print special tokens in the output.
         #[arg(long)]
         show_special: bool,
+        /// Do not stop at end-of-sequence tokens (for comparisons of fixed-length output).
+        #[arg(long)]
+        ignore_eos: bool,
         /// Print one JSON object at the end instead of streaming text.
         #[arg(long)]
         json: bool,
@@ -133,6 +136,24 @@ enum Command {
         #[arg(long, hide = true)]
         print_prompt: bool,
     },
+    /// Print the residual stream after every layer for a prompt (for numerical comparisons
+    /// against a reference, see scripts/compare_layers.py).
+    Debug {
+        model: PathBuf,
+        #[arg(long, short, required_unless_present = "ids")]
+        prompt: Option<String>,
+        /// Token ids to prefill instead of a prompt (comma-separated).
+        #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+        ids: Option<Vec<u32>>,
+        /// Encode the prompt as one user turn through the chat template.
+        #[arg(long)]
+        chat: bool,
+        /// Include every token's residual, not only the last token's.
+        #[arg(long)]
+        all_tokens: bool,
+        #[command(flatten)]
+        build: BuildArgs,
+    },
     /// Measure this machine's read bandwidth and FMA throughput with Kiln-compiled kernels.
     Probe {
         /// Passes per measurement (the best is kept).
@@ -182,6 +203,16 @@ struct BuildArgs {
     /// Convert quantised GGUF weights to bf16 or f32 at load instead of reading them as stored.
     #[arg(long, value_name = "TYPE", value_parser = parse_float_dtype)]
     dequantize: Option<DType>,
+}
+
+/// Rust ignores SIGPIPE, which turns `kiln ... | head` into a panic on the next write to the
+/// closed pipe; restore the default so the process ends quietly, as command-line tools do.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal disposition to its default at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// The model named on the command line, or the installed demo model.
@@ -249,6 +280,7 @@ impl SamplingArgs {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -270,7 +302,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             dequantize: build.dequantize,
             json,
         }),
-        Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, json, quiet } => {
+        Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, ignore_eos, json, quiet } => {
             commands::run(&commands::RunArgs {
                 model: model_or_demo(model)?,
                 prompt,
@@ -285,6 +317,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 dequantize: build.dequantize,
                 ctx,
                 show_special,
+                ignore_eos,
                 json,
                 quiet,
             })
@@ -309,6 +342,16 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Info { model, build, json } => commands::info(&model, build.prefill_block, build.dequantize, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
+        Command::Debug { model, prompt, ids, chat, all_tokens, build } => commands::debug_layers(&commands::DebugArgs {
+            model,
+            prompt,
+            ids,
+            chat,
+            all_tokens,
+            threads: build.threads,
+            prefill_block: build.prefill_block,
+            dequantize: build.dequantize,
+        }),
         Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json, print_prompt } => kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,

@@ -159,3 +159,17 @@ fn generation_continues_across_prefill_calls() {
     assert!(max_abs_diff(&whole, &split) <= 1e-5);
     assert_eq!(session.engine.position(), ids.len());
 }
+
+#[test]
+fn layer_by_layer_prefill_matches_prefill() {
+    let case = &golden("qwen3").cases[3];
+    let ids = &case.prompt_token_ids;
+    let mut session = open("qwen3", 2, None);
+    let whole = session.engine.prefill(ids).unwrap().to_vec();
+    session.engine.reset();
+    let layers = session.engine.prefill_layer_by_layer(ids).unwrap();
+    assert_eq!(layers.len(), session.spec.num_layers() + 1);
+    assert!(layers.iter().all(|l| l.len() == ids.len() && l[0].len() == session.spec.hidden_size));
+    assert_eq!(session.engine.logits(), &whole[..], "the same numbers as the fused plans");
+    assert_ne!(layers[0], layers[1], "each layer changes the residual stream");
+}

@@ -82,8 +82,8 @@ pub struct Engine {
     bufs: Buffers,
     pos: usize,
     // Dropped after the plans that point into them.
-    _weights: Arc<dyn WeightSource>,
-    _library: KernelLibrary,
+    weights: Arc<dyn WeightSource>,
+    library: KernelLibrary,
 }
 
 impl Engine {
@@ -104,17 +104,45 @@ impl Engine {
         let threads = config.threads.unwrap_or(cores.len()).max(1);
         let pool = Pool::new(threads, (config.pin && threads <= cores.len()).then(|| &cores[..threads]));
 
-        let resolve = |arg: &Arg| -> Result<Resolved, String> {
-            match *arg {
-                Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer { base: bufs.get(b).as_ptr(), row_bytes: bufs.row_bytes(b) }),
-                Arg::Weight(id) => weights.weight_ptr(id).map(Resolved::Weight),
-            }
-        };
-        let build = |g: &graph::Graph| Plan::build(g, &library, resolve, config.profile).map_err(EngineError::Plan);
+        let build = |g: &graph::Graph| build_plan(g, &library, &bufs, weights.as_ref(), config.profile);
         let head = graph::head_graph(spec);
         let prefill = Plans { block: build(&graph::block_graph(spec, block_rows))?, head: build(&head)? };
         let decode = Plans { block: build(&graph::block_graph(spec, 1))?, head: build(&head)? };
-        Ok(Engine { spec: spec.clone(), pool, prefill, decode, bufs, pos: 0, _weights: weights, _library: library })
+        Ok(Engine { spec: spec.clone(), pool, prefill, decode, bufs, pos: 0, weights, library })
+    }
+
+    /// Prefills `tokens` like [`Engine::prefill`] but one layer at a time, returning the
+    /// residual stream of every token after the embedding and after each layer
+    /// (`[1 + layers][tokens][hidden]`), for numerical comparisons against a reference. Slower
+    /// than `prefill` (a plan per layer, and a copy of the residual after each).
+    pub fn prefill_layer_by_layer(&mut self, tokens: &[u32]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        self.check(tokens)?;
+        let block = self.bufs.block_rows;
+        let full = graph::block_graph(&self.spec, block);
+        // Split the block graph into the embedding and one graph per layer.
+        let mut parts: Vec<graph::Graph> = vec![graph::Graph::default(); self.spec.num_layers() + 1];
+        for step in full.steps {
+            let i = step.layer.map_or(0, |l| l + 1);
+            parts[i].steps.push(step);
+        }
+        let plans = parts
+            .iter()
+            .map(|g| build_plan(g, &self.library, &self.bufs, self.weights.as_ref(), false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hidden = self.spec.hidden_size;
+        let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
+        for chunk in tokens.chunks(block) {
+            self.load_tokens(chunk);
+            for (plan, residuals) in plans.iter().zip(out.iter_mut()) {
+                plan.run(&self.pool, chunk.len(), self.pos, chunk.len());
+                let x = self.bufs.get(Buf::X).f32s(chunk.len() * hidden);
+                residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));
+            }
+            self.pos += chunk.len();
+        }
+        let last_rows = (tokens.len() - 1) % block + 1;
+        self.prefill.head.run(&self.pool, 1, self.pos - 1, last_rows);
+        Ok(out)
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -211,6 +239,17 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// Binds `graph` to the library's kernels, the engine's buffers and the weights.
+fn build_plan(graph: &graph::Graph, library: &KernelLibrary, bufs: &Buffers, weights: &dyn WeightSource, profile: bool) -> Result<Plan, EngineError> {
+    let resolve = |arg: &Arg| -> Result<Resolved, String> {
+        match *arg {
+            Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer { base: bufs.get(b).as_ptr(), row_bytes: bufs.row_bytes(b) }),
+            Arg::Weight(id) => weights.weight_ptr(id).map(Resolved::Weight),
+        }
+    };
+    Plan::build(graph, library, resolve, profile).map_err(EngineError::Plan)
 }
 
 /// Accumulated per-node times of one plan.
