@@ -55,7 +55,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         ..OpenOptions::default()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
-    let prompt = synthetic_prompt(args.prompt_tokens, prepared.spec.vocab_size.min(prepared.tokenizer.vocab_size().max(1)));
+    let prompt = synthetic_prompt(
+        args.prompt_tokens,
+        prepared.spec.vocab_size.min(prepared.tokenizer.vocab_size().max(1)),
+    );
     if args.print_prompt {
         println!("{}", serde_json::to_string(&prompt)?);
         return Ok(());
@@ -64,7 +67,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let spec = session.spec.clone();
     let ctx = session.engine.ctx();
     if args.prompt_tokens + args.gen_tokens > ctx {
-        bail!("{} prompt + {} generated tokens exceed the context of {ctx}", args.prompt_tokens, args.gen_tokens);
+        bail!(
+            "{} prompt + {} generated tokens exceed the context of {ctx}",
+            args.prompt_tokens,
+            args.gen_tokens
+        );
     }
     let threads = session.engine.threads();
     let load_before = load_average();
@@ -89,7 +96,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             decode.push(d);
         }
         if !args.json {
-            let label = if rep == 0 { "warm-up".to_string() } else { format!("rep {rep}/{}", args.reps) };
+            let label = if rep == 0 {
+                "warm-up".to_string()
+            } else {
+                format!("rep {rep}/{}", args.reps)
+            };
             eprintln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s");
         }
     }
@@ -98,7 +109,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
     // Matmul flops per prompt token (the output head runs once per prefill, on the last row).
     let head = 2 * spec.vocab_size as u64 * spec.hidden_size as u64;
-    let layer_flops: u64 = kiln_spec::graph::block_graph(&spec, 1).steps.iter().map(|s| s.kernel.flops(1, 0)).sum();
+    let layer_flops: u64 = kiln_spec::graph::block_graph(&spec, 1)
+        .steps
+        .iter()
+        .map(|s| s.kernel.flops(1, 0))
+        .sum();
     let prefill_gflop_s = prefill_tok_s * (layer_flops as f64 + head as f64 / args.prompt_tokens as f64) / 1e9;
     let host = HostCpu::detect();
     let probe = load_probe(&host);
@@ -134,9 +149,22 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         println!("{report}");
         return Ok(());
     }
-    println!("{} on {} ({threads} threads, load {:.2})", session.dir.display(), host.model_name, load_before.unwrap_or(f64::NAN));
-    println!("prefill  {prefill_tok_s:>8.1} tok/s  ({} tokens, {prefill_gflop_s:.1} GFLOP/s{})", args.prompt_tokens, pct(fma_ceiling.map(|c| prefill_gflop_s / c), "FMA peak"));
-    println!("decode   {decode_tok_s:>8.2} tok/s  ({} per token, {decode_gb_s:.1} GB/s{})", human_bytes(bytes_per_token), pct(read_ceiling.map(|c| decode_gb_s / c), "read bandwidth"));
+    println!(
+        "{} on {} ({threads} threads, load {:.2})",
+        session.dir.display(),
+        host.model_name,
+        load_before.unwrap_or(f64::NAN)
+    );
+    println!(
+        "prefill  {prefill_tok_s:>8.1} tok/s  ({} tokens, {prefill_gflop_s:.1} GFLOP/s{})",
+        args.prompt_tokens,
+        pct(fma_ceiling.map(|c| prefill_gflop_s / c), "FMA peak")
+    );
+    println!(
+        "decode   {decode_tok_s:>8.2} tok/s  ({} per token, {decode_gb_s:.1} GB/s{})",
+        human_bytes(bytes_per_token),
+        pct(read_ceiling.map(|c| decode_gb_s / c), "read bandwidth")
+    );
     if probe.is_none() {
         println!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)");
     }
@@ -144,7 +172,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 }
 
 fn pct(ratio: Option<f64>, what: &str) -> String {
-    ratio.map(|r| format!(", {:.0} % of {what}", 100.0 * r)).unwrap_or_default()
+    ratio
+        .map(|r| format!(", {:.0} % of {what}", 100.0 * r))
+        .unwrap_or_default()
 }
 
 /// With `KILN_PROFILE=1`, writes the engine's per-node profile to `$KILN_PROFILE_OUT` (default
@@ -184,8 +214,13 @@ pub fn write_profile(session: &Session) -> Result<()> {
         "probe_fma_gflop_s": probe.as_ref().and_then(|p| p.fma_at(threads)),
         "plans": plans,
     });
-    let path = std::env::var_os("KILN_PROFILE_OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("kiln-profile.json"));
+    let path = std::env::var_os("KILN_PROFILE_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("kiln-profile.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
-    eprintln!("profile written to {} (summarise with scripts/profile.py)", path.display());
+    eprintln!(
+        "profile written to {} (summarise with scripts/profile.py)",
+        path.display()
+    );
     Ok(())
 }

@@ -54,10 +54,19 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
     if args.json {
         println!("{report}");
     } else {
-        let state = if lib.cache_hit() { "already compiled".to_string() } else { format!("compiled in {:.2} s", lib.compile_seconds) };
+        let state = if lib.cache_hit() {
+            "already compiled".to_string()
+        } else {
+            format!("compiled in {:.2} s", lib.compile_seconds)
+        };
         println!("{}: {state}", loaded.dir.display());
         println!("  key      {}", lib.key);
-        println!("  library  {} ({} kernels, {} bytes)", lib.path.display(), lib.kernels, lib.library_bytes);
+        println!(
+            "  library  {} ({} kernels, {} bytes)",
+            lib.path.display(),
+            lib.kernels,
+            lib.library_bytes
+        );
         for (what, dir) in [("MLIR", &args.emit_mlir), ("assembly", &args.emit_asm)] {
             if let Some(d) = dir {
                 println!("  {what} written to {}", d.display());
@@ -105,7 +114,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let prepared = PreparedModel::open(&args.model, &opts)?;
     // With --chat: the rendered prompt, and whether it leaves the reply inside a <think> block.
     let (prompt_ids, starts_thinking) = if args.chat {
-        let template = chat::load_template(&prepared.tokenizer, &args.model, "run without --chat to send the prompt as raw text")?;
+        let template = chat::load_template(
+            &prepared.tokenizer,
+            &args.model,
+            "run without --chat to send the prompt as raw text",
+        )?;
         let options = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: chat::thinking_option(&prepared.tokenizer, args.think),
@@ -146,7 +159,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let json = args.json;
     let stdout = std::io::stdout();
     // Raw prompts print the text as it is; chat replies go through the reasoning filter.
-    let mut printer = args.chat.then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled()));
+    let mut printer = args
+        .chat
+        .then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled()));
     let mut on_text = |piece: &str| {
         if !json {
             let mut out = stdout.lock();
@@ -198,15 +213,31 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 generation.prefill_tok_s(),
                 generation.token_ids.len(),
                 generation.decode_tok_s(),
-                if session.library.cache_hit() { "cached library".to_string() } else { format!("compiled in {:.2} s", session.library.compile_seconds) },
+                if session.library.cache_hit() {
+                    "cached library".to_string()
+                } else {
+                    format!("compiled in {:.2} s", session.library.compile_seconds)
+                },
             );
         }
     }
     Ok(())
 }
 
-pub fn info(path: &Path, prefill_block: Option<usize>, dequantize: Option<kiln_spec::DType>, as_json: bool) -> Result<()> {
-    let loaded = PreparedModel::open(path, &OpenOptions { dequantize, progress: !as_json, ..OpenOptions::default() })?;
+pub fn info(
+    path: &Path,
+    prefill_block: Option<usize>,
+    dequantize: Option<kiln_spec::DType>,
+    as_json: bool,
+) -> Result<()> {
+    let loaded = PreparedModel::open(
+        path,
+        &OpenOptions {
+            dequantize,
+            progress: !as_json,
+            ..OpenOptions::default()
+        },
+    )?;
     let spec = &loaded.spec;
     let host = HostCpu::detect();
     let options = compile_options(&host, prefill_block);
@@ -218,7 +249,10 @@ pub fn info(path: &Path, prefill_block: Option<usize>, dequantize: Option<kiln_s
         Lookup::Corrupt(reason) => format!("corrupt entry, will be rebuilt ({reason})"),
     };
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
-    let dtypes: std::collections::BTreeSet<String> = kiln_spec::weights::weight_list(spec).iter().map(|w| w.dtype.to_string()).collect();
+    let dtypes: std::collections::BTreeSet<String> = kiln_spec::weights::weight_list(spec)
+        .iter()
+        .map(|w| w.dtype.to_string())
+        .collect();
     if as_json {
         println!(
             "{}",
@@ -239,17 +273,53 @@ pub fn info(path: &Path, prefill_block: Option<usize>, dequantize: Option<kiln_s
         return Ok(());
     }
     println!("model        {}", loaded.dir.display());
-    println!("architecture {} ({}, {})", loaded.architecture, spec.arch.name(), loaded.format.name());
+    println!(
+        "architecture {} ({}, {})",
+        loaded.architecture,
+        spec.arch.name(),
+        loaded.format.name()
+    );
     println!("layers       {}", spec.num_layers());
-    println!("hidden       {} (intermediate {})", spec.hidden_size, spec.intermediate_size);
-    println!("attention    {} heads, {} kv heads, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    println!(
+        "hidden       {} (intermediate {})",
+        spec.hidden_size, spec.intermediate_size
+    );
+    println!(
+        "attention    {} heads, {} kv heads, head_dim {}",
+        spec.num_heads, spec.num_kv_heads, spec.head_dim
+    );
     println!("vocabulary   {}", spec.vocab_size);
-    println!("context      {} positions, rope theta {}", spec.max_position_embeddings, spec.rope.theta);
-    println!("embeddings   {}", if spec.tie_word_embeddings { "tied" } else { "untied" });
-    println!("weights      {} ({})", dtypes.into_iter().collect::<Vec<_>>().join(", "), human_bytes(kiln_spec::weights::weight_list(spec).iter().map(|w| w.bytes() as u64).sum()));
-    println!("parameters   {} ({:.1} M)", spec.param_count(), spec.param_count() as f64 / 1e6);
-    println!("read/token   {} of weights per decoded token", human_bytes(spec.weight_bytes_per_token()));
-    println!("kernels      {kernels} distinct (prefill block {} rows, {} f32 lanes)", options.prefill_rows, options.f32_lanes);
+    println!(
+        "context      {} positions, rope theta {}",
+        spec.max_position_embeddings, spec.rope.theta
+    );
+    println!(
+        "embeddings   {}",
+        if spec.tie_word_embeddings { "tied" } else { "untied" }
+    );
+    println!(
+        "weights      {} ({})",
+        dtypes.into_iter().collect::<Vec<_>>().join(", "),
+        human_bytes(
+            kiln_spec::weights::weight_list(spec)
+                .iter()
+                .map(|w| w.bytes() as u64)
+                .sum()
+        )
+    );
+    println!(
+        "parameters   {} ({:.1} M)",
+        spec.param_count(),
+        spec.param_count() as f64 / 1e6
+    );
+    println!(
+        "read/token   {} of weights per decoded token",
+        human_bytes(spec.weight_bytes_per_token())
+    );
+    println!(
+        "kernels      {kernels} distinct (prefill block {} rows, {} f32 lanes)",
+        options.prefill_rows, options.f32_lanes
+    );
     println!("cache key    {key}");
     println!("cache        {state}");
     Ok(())
@@ -281,7 +351,12 @@ pub fn cache_list(as_json: bool) -> Result<()> {
     }
     println!("cache {}", cache.root().display());
     for e in &entries {
-        let model = e.info().and_then(|i| i.get("model")).and_then(|m| m.as_str()).unwrap_or("?").to_string();
+        let model = e
+            .info()
+            .and_then(|i| i.get("model"))
+            .and_then(|m| m.as_str())
+            .unwrap_or("?")
+            .to_string();
         let status = e.problem.clone().unwrap_or_else(|| "ok".into());
         println!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk));
     }
@@ -302,7 +377,11 @@ pub fn cache_clean(key: Option<&str>) -> Result<()> {
         }
         None => {
             let report = cache.clean_all()?;
-            println!("removed {} entries, freed {}", report.entries_removed.len(), human_bytes(report.bytes_freed));
+            println!(
+                "removed {} entries, freed {}",
+                report.entries_removed.len(),
+                human_bytes(report.bytes_freed)
+            );
         }
     }
     Ok(())
@@ -316,9 +395,12 @@ pub fn human_bytes(b: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", units[u]) }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }
-
 
 /// Where the probe result for this machine is stored: next to the cache, keyed by the CPU.
 pub fn probe_path(cache_root: &Path, host: &HostCpu) -> PathBuf {
@@ -353,24 +435,49 @@ pub fn probe(passes: usize, as_json: bool) -> Result<()> {
         label: "probe".into(),
         info: json!({"model": "probe", "buffer_bytes": buffer_bytes}),
     };
-    let lib = session::ensure_library(&request, &host, &cache, &OpenOptions { progress: !as_json, ..OpenOptions::default() })?;
+    let lib = session::ensure_library(
+        &request,
+        &host,
+        &cache,
+        &OpenOptions {
+            progress: !as_json,
+            ..OpenOptions::default()
+        },
+    )?;
     if !as_json {
-        eprintln!("probing with a {} buffer, best of {passes} passes per thread count", human_bytes(buffer_bytes as u64));
+        eprintln!(
+            "probing with a {} buffer, best of {passes} passes per thread count",
+            human_bytes(buffer_bytes as u64)
+        );
     }
-    let result = run_probe(&lib.path, buffer_bytes, request.options.f32_lanes, passes, &mut |line| {
-        if !as_json {
-            eprintln!("  {line}");
-        }
-    })?;
+    let result = run_probe(
+        &lib.path,
+        buffer_bytes,
+        request.options.f32_lanes,
+        passes,
+        &mut |line| {
+            if !as_json {
+                eprintln!("  {line}");
+            }
+        },
+    )?;
     let path = probe_path(cache.root(), &host);
     write_atomically(&path, serde_json::to_string_pretty(&result)?.as_bytes())?;
     if as_json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
-        println!("{} ({} f32 lanes), load average {:.2}", host.model_name, result.f32_lanes, result.load_average.unwrap_or(f64::NAN));
+        println!(
+            "{} ({} f32 lanes), load average {:.2}",
+            host.model_name,
+            result.f32_lanes,
+            result.load_average.unwrap_or(f64::NAN)
+        );
         println!("threads  read GB/s (best / median)  FMA GFLOP/s (best / median)");
         for (r, f) in result.read_gb_s.iter().zip(&result.fma_gflop_s) {
-            println!("{:>7}  {:>8.1} / {:<8.1}           {:>8.1} / {:<8.1}", r.threads, r.best, r.median, f.best, f.median);
+            println!(
+                "{:>7}  {:>8.1} / {:<8.1}           {:>8.1} / {:<8.1}",
+                r.threads, r.best, r.median, f.best, f.median
+            );
         }
         println!("saved to {}", path.display());
     }
@@ -383,8 +490,10 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().expect("path has a folder");
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing in {}", dir.display()))?;
-    tmp.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
-    tmp.persist(path).map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.error))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    tmp.persist(path)
+        .map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.error))?;
     Ok(())
 }
 
@@ -413,7 +522,8 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
     let ids = if let Some(ids) = &args.ids {
         ids.clone()
     } else if args.chat {
-        let template = crate::chat::load_template(&prepared.tokenizer, &args.model, "use --chat only with chat models")?;
+        let template =
+            crate::chat::load_template(&prepared.tokenizer, &args.model, "use --chat only with chat models")?;
         let options = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: crate::chat::thinking_option(&prepared.tokenizer, false),
@@ -431,7 +541,13 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
     let layers = session.engine.prefill_layer_by_layer(&ids)?;
     let residuals: Vec<serde_json::Value> = layers
         .iter()
-        .map(|rows| if args.all_tokens { json!(rows) } else { json!(rows.last().expect("at least one token")) })
+        .map(|rows| {
+            if args.all_tokens {
+                json!(rows)
+            } else {
+                json!(rows.last().expect("at least one token"))
+            }
+        })
         .collect();
     println!(
         "{}",

@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Compile a language model for this machine and run it")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Compile a language model for this machine and run it"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -293,7 +297,13 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile { model, emit_mlir, emit_asm, build, json } => commands::compile(&commands::CompileArgs {
+        Command::Compile {
+            model,
+            emit_mlir,
+            emit_asm,
+            build,
+            json,
+        } => commands::compile(&commands::CompileArgs {
             model,
             emit_mlir,
             emit_asm,
@@ -302,47 +312,76 @@ fn dispatch(cli: Cli) -> Result<()> {
             dequantize: build.dequantize,
             json,
         }),
-        Command::Run { model, prompt, chat, system, think, max_tokens, sampling, build, ctx, show_special, ignore_eos, json, quiet } => {
-            commands::run(&commands::RunArgs {
-                model: model_or_demo(model)?,
-                prompt,
-                chat,
-                system,
-                think,
-                max_tokens,
-                sampling: sampling.params(),
-                stop: sampling.stop,
-                threads: build.threads,
-                prefill_block: build.prefill_block,
-                dequantize: build.dequantize,
-                ctx,
-                show_special,
-                ignore_eos,
-                json,
-                quiet,
-            })
-        }
-        Command::Chat { model, system, think, max_tokens, sampling, build, ctx, json, stats, quiet, debug_decode_delay_ms } => {
-            kiln::chat::chat(&kiln::chat::ChatArgs {
-                model: model_or_demo(model)?,
-                system,
-                think,
-                max_tokens,
-                sampling: sampling.params(),
-                stop: sampling.stop,
-                threads: build.threads,
-                prefill_block: build.prefill_block,
-                dequantize: build.dequantize,
-                ctx,
-                json,
-                stats,
-                quiet,
-                decode_delay_ms: debug_decode_delay_ms,
-            })
-        }
+        Command::Run {
+            model,
+            prompt,
+            chat,
+            system,
+            think,
+            max_tokens,
+            sampling,
+            build,
+            ctx,
+            show_special,
+            ignore_eos,
+            json,
+            quiet,
+        } => commands::run(&commands::RunArgs {
+            model: model_or_demo(model)?,
+            prompt,
+            chat,
+            system,
+            think,
+            max_tokens,
+            sampling: sampling.params(),
+            stop: sampling.stop,
+            threads: build.threads,
+            prefill_block: build.prefill_block,
+            dequantize: build.dequantize,
+            ctx,
+            show_special,
+            ignore_eos,
+            json,
+            quiet,
+        }),
+        Command::Chat {
+            model,
+            system,
+            think,
+            max_tokens,
+            sampling,
+            build,
+            ctx,
+            json,
+            stats,
+            quiet,
+            debug_decode_delay_ms,
+        } => kiln::chat::chat(&kiln::chat::ChatArgs {
+            model: model_or_demo(model)?,
+            system,
+            think,
+            max_tokens,
+            sampling: sampling.params(),
+            stop: sampling.stop,
+            threads: build.threads,
+            prefill_block: build.prefill_block,
+            dequantize: build.dequantize,
+            ctx,
+            json,
+            stats,
+            quiet,
+            decode_delay_ms: debug_decode_delay_ms,
+        }),
         Command::Info { model, build, json } => commands::info(&model, build.prefill_block, build.dequantize, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
-        Command::Debug { model, prompt, ids, chat, all_tokens, build } => commands::debug_layers(&commands::DebugArgs {
+        Command::Debug {
+            model,
+            prompt,
+            ids,
+            chat,
+            all_tokens,
+            build,
+        } => commands::debug_layers(&commands::DebugArgs {
             model,
             prompt,
             ids,
@@ -352,7 +391,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
         }),
-        Command::Bench { model, prompt_tokens, gen_tokens, reps, build, json, print_prompt } => kiln::bench::bench(&kiln::bench::BenchArgs {
+        Command::Bench {
+            model,
+            prompt_tokens,
+            gen_tokens,
+            reps,
+            build,
+            json,
+            print_prompt,
+        } => kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
             gen_tokens,
@@ -363,8 +410,13 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
             print_prompt,
         }),
-        Command::Cache { action: CacheAction::List { json } } => commands::cache_list(json),
-        Command::Cache { action: CacheAction::Clean(c) } | Command::CleanCache(c) => match (c.key, c.all) {
+        Command::Cache {
+            action: CacheAction::List { json },
+        } => commands::cache_list(json),
+        Command::Cache {
+            action: CacheAction::Clean(c),
+        }
+        | Command::CleanCache(c) => match (c.key, c.all) {
             (Some(_), true) => bail!("give either a KEY or --all, not both"),
             (None, false) => bail!("give the KEY of the entry to remove (see `kiln cache list`) or --all"),
             (key, _) => commands::cache_clean(key.as_deref()),

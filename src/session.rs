@@ -56,7 +56,11 @@ impl CompiledLibrary {
 }
 
 fn engine_config(opts: &OpenOptions) -> EngineConfig {
-    EngineConfig { threads: opts.threads, ctx: opts.ctx, ..EngineConfig::default() }
+    EngineConfig {
+        threads: opts.threads,
+        ctx: opts.ctx,
+        ..EngineConfig::default()
+    }
 }
 
 /// The compile options for `spec` on this host.
@@ -90,7 +94,13 @@ pub fn open_cache(dir: Option<&Path>) -> Result<Cache> {
 
 /// Finds the library for `spec` in the cache, compiling and publishing it on a miss (or when the
 /// entry is corrupt). With `emit_*` set, the kernels' MLIR/assembly are written even on a hit.
-pub fn ensure_compiled(spec: &ModelSpec, model_dir: &Path, host: &HostCpu, cache: &Cache, opts: &OpenOptions) -> Result<CompiledLibrary> {
+pub fn ensure_compiled(
+    spec: &ModelSpec,
+    model_dir: &Path,
+    host: &HostCpu,
+    cache: &Cache,
+    opts: &OpenOptions,
+) -> Result<CompiledLibrary> {
     let options = compile_options(host, opts.prefill_rows);
     let request = LibraryRequest {
         key: cache_key(spec, &options, host),
@@ -118,13 +128,22 @@ pub struct LibraryRequest {
 }
 
 /// Finds `req.key` in the cache or compiles `req.kernels` into it.
-pub fn ensure_library(req: &LibraryRequest, host: &HostCpu, cache: &Cache, opts: &OpenOptions) -> Result<CompiledLibrary> {
+pub fn ensure_library(
+    req: &LibraryRequest,
+    host: &HostCpu,
+    cache: &Cache,
+    opts: &OpenOptions,
+) -> Result<CompiledLibrary> {
     let key = req.key;
     let options = &req.options;
     let mut compile_seconds = 0.0;
     let kernels = req.kernels.len();
     // Hidden automatically when stderr is not a terminal.
-    let bar = if opts.progress { indicatif::ProgressBar::new(kernels as u64 + 1) } else { indicatif::ProgressBar::hidden() };
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new(kernels as u64 + 1)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let bar = bar.with_style(
         indicatif::ProgressStyle::with_template("compiling {msg} [{bar:30}] {pos}/{len} kernels ({elapsed})")
             .expect("static template")
@@ -237,10 +256,16 @@ impl PreparedModel {
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<PreparedModel> {
         let started = Instant::now();
         let path = resolve_model(path, !opts.progress)?;
-        let m = loader::load(&path, &LoadOptions { dequantize: opts.dequantize })?;
+        let m = loader::load(
+            &path,
+            &LoadOptions {
+                dequantize: opts.dequantize,
+            },
+        )?;
         let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") {
-            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref()).map_err(anyhow::Error::msg)?;
+            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref())
+                .map_err(anyhow::Error::msg)?;
             weights = Arc::new(resident);
         }
         Ok(PreparedModel {
@@ -263,7 +288,15 @@ impl PreparedModel {
 
     /// Finds or compiles the library and builds the engine.
     pub fn into_session(self, opts: &OpenOptions) -> Result<Session> {
-        let PreparedModel { dir, spec, tokenizer, eos_token_ids, weights, started, .. } = self;
+        let PreparedModel {
+            dir,
+            spec,
+            tokenizer,
+            eos_token_ids,
+            weights,
+            started,
+            ..
+        } = self;
         let host = HostCpu::detect();
         let cache = open_cache(opts.cache_dir.as_deref())?;
         let engine_config = engine_config(opts);
@@ -272,16 +305,29 @@ impl PreparedModel {
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
         let options = compile_options(&host, opts.prefill_rows);
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
-            Err(EngineError::Library(e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }))) => {
+            Err(EngineError::Library(
+                e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),
+            )) => {
                 // The entry passed its hash check but cannot be used: drop it and rebuild once.
-                eprintln!("warning: cached library {} is unusable ({e}); rebuilding", library.path.display());
+                eprintln!(
+                    "warning: cached library {} is unusable ({e}); rebuilding",
+                    library.path.display()
+                );
                 cache.remove(&library.key.to_string())?;
                 library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
                 Engine::new(&spec, &options, &library.path, weights, &engine_config)?
             }
             other => other?,
         };
-        Ok(Session { dir, eos_token_ids, spec, tokenizer, engine, library, open_seconds: started.elapsed().as_secs_f64() })
+        Ok(Session {
+            dir,
+            eos_token_ids,
+            spec,
+            tokenizer,
+            engine,
+            library,
+            open_seconds: started.elapsed().as_secs_f64(),
+        })
     }
 }
 
@@ -325,7 +371,8 @@ pub fn models_dir() -> Option<PathBuf> {
 
 /// The demo model, used when no model is named; an error saying how to fetch it when absent.
 pub fn demo_model() -> Result<PathBuf> {
-    let dir = models_dir().ok_or_else(|| anyhow!("no MODEL given and no models folder (set KILN_MODELS_DIR or HOME)"))?;
+    let dir =
+        models_dir().ok_or_else(|| anyhow!("no MODEL given and no models folder (set KILN_MODELS_DIR or HOME)"))?;
     let path = dir.join(DEMO_MODEL);
     if path.is_file() {
         Ok(path)
@@ -351,5 +398,8 @@ pub fn one_line(err: &anyhow::Error) -> String {
 
 /// Error for a model path that does not exist, naming it.
 pub fn missing_model(path: &Path) -> anyhow::Error {
-    anyhow!("model {} not found (expected a Hugging Face model folder with config.json)", path.display())
+    anyhow!(
+        "model {} not found (expected a Hugging Face model folder with config.json)",
+        path.display()
+    )
 }

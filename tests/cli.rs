@@ -24,16 +24,35 @@ fn stderr(o: &Output) -> String {
 }
 
 fn run_json(cache: &Path, model: &Path, prompt: &str, extra: &[&str]) -> Value {
-    let mut args = vec!["run", model.to_str().unwrap(), "--prompt", prompt, "--temperature", "0", "--max-tokens", "8", "--json", "--threads", "2"];
+    let mut args = vec![
+        "run",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--json",
+        "--threads",
+        "2",
+    ];
     args.extend_from_slice(extra);
     let o = kiln(cache, &args);
     assert!(o.status.success(), "kiln run failed: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is one JSON object ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is one JSON object ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
 }
 
 /// Folders under the cache root that are entries (32-hex-digit names).
 fn entries(cache: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(cache) else { return vec![] };
+    let Ok(rd) = std::fs::read_dir(cache) else {
+        return vec![];
+    };
     let mut v: Vec<PathBuf> = rd
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -45,7 +64,9 @@ fn entries(cache: &Path) -> Vec<PathBuf> {
 
 /// Anything under the cache root other than finished entries and lock files.
 fn leftovers(cache: &Path) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(cache) else { return vec![] };
+    let Ok(rd) = std::fs::read_dir(cache) else {
+        return vec![];
+    };
     rd.filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with('.'))
@@ -57,7 +78,15 @@ fn second_run_is_a_cache_hit_without_mlir() {
     let cache = tempfile::tempdir().unwrap();
     let model = fixture("qwen3");
     let first = run_json(cache.path(), &model, "Hello there", &[]);
-    for field in ["prompt_token_ids", "token_ids", "text", "prefill_tok_s", "decode_tok_s", "compile_s", "cache_hit"] {
+    for field in [
+        "prompt_token_ids",
+        "token_ids",
+        "text",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "compile_s",
+        "cache_hit",
+    ] {
         assert!(first.get(field).is_some(), "--json lacks {field}");
     }
     assert_eq!(first["cache_hit"], false);
@@ -67,7 +96,10 @@ fn second_run_is_a_cache_hit_without_mlir() {
     let second = run_json(cache.path(), &model, "Hello there", &[]);
     assert_eq!(second["cache_hit"], true);
     assert_eq!(second["compile_s"].as_f64().unwrap(), 0.0);
-    assert_eq!(second["mlir_contexts"], 0, "a cache hit must not create any MLIR context");
+    assert_eq!(
+        second["mlir_contexts"], 0,
+        "a cache hit must not create any MLIR context"
+    );
     assert_eq!(first["token_ids"], second["token_ids"]);
     assert_eq!(entries(cache.path()).len(), 1);
 }
@@ -84,9 +116,26 @@ fn corrupt_or_truncated_library_is_detected_and_rebuilt() {
     // Truncated.
     let bytes = std::fs::read(&lib).unwrap();
     std::fs::write(&lib, &bytes[..bytes.len() / 3]).unwrap();
-    let o = kiln(cache.path(), &["run", model.to_str().unwrap(), "--prompt", "The weather", "--temperature", "0", "--max-tokens", "8", "--json"]);
+    let o = kiln(
+        cache.path(),
+        &[
+            "run",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The weather",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("corrupt"), "the rebuild is reported: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("corrupt"),
+        "the rebuild is reported: {}",
+        stderr(&o)
+    );
     let rebuilt: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rebuilt["cache_hit"], false);
     assert_eq!(rebuilt["token_ids"], reference["token_ids"]);
@@ -101,7 +150,11 @@ fn corrupt_or_truncated_library_is_detected_and_rebuilt() {
     std::fs::remove_file(entry.join("meta.json")).unwrap();
     let again = run_json(cache.path(), &model, "The weather", &[]);
     assert_eq!(again["cache_hit"], false);
-    assert!(leftovers(cache.path()).is_empty(), "no staging or trash left: {:?}", leftovers(cache.path()));
+    assert!(
+        leftovers(cache.path()).is_empty(),
+        "no staging or trash left: {:?}",
+        leftovers(cache.path())
+    );
 }
 
 #[test]
@@ -125,7 +178,13 @@ fn two_processes_compiling_the_same_model_both_succeed() {
     let jb: Value = serde_json::from_slice(&b.stdout).unwrap();
     assert_eq!(ja["cache_key"], jb["cache_key"]);
     // Exactly one of them compiled; the other waited for the lock and found the entry.
-    assert_eq!([ja["cache_hit"].as_bool().unwrap(), jb["cache_hit"].as_bool().unwrap()].iter().filter(|h| **h).count(), 1);
+    assert_eq!(
+        [ja["cache_hit"].as_bool().unwrap(), jb["cache_hit"].as_bool().unwrap()]
+            .iter()
+            .filter(|h| **h)
+            .count(),
+        1
+    );
     assert_eq!(entries(cache.path()).len(), 1);
     let run = run_json(cache.path(), &model, "Once upon a time", &[]);
     assert_eq!(run["cache_hit"], true);
@@ -137,7 +196,17 @@ fn emit_mlir_and_asm_show_the_baked_constants() {
     let out = tempfile::tempdir().unwrap();
     let (mlir, asm) = (out.path().join("mlir"), out.path().join("asm"));
     let model = fixture("qwen2");
-    let o = kiln(cache.path(), &["compile", model.to_str().unwrap(), "--emit-mlir", mlir.to_str().unwrap(), "--emit-asm", asm.to_str().unwrap()]);
+    let o = kiln(
+        cache.path(),
+        &[
+            "compile",
+            model.to_str().unwrap(),
+            "--emit-mlir",
+            mlir.to_str().unwrap(),
+            "--emit-asm",
+            asm.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let mlir_files: Vec<_> = std::fs::read_dir(&mlir).unwrap().map(|e| e.unwrap().path()).collect();
     let asm_files: Vec<_> = std::fs::read_dir(&asm).unwrap().map(|e| e.unwrap().path()).collect();
@@ -145,15 +214,37 @@ fn emit_mlir_and_asm_show_the_baked_constants() {
     // The tied output head: vocabulary x hidden, in bf16, as a static shape.
     let head = mlir_files
         .iter()
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("kiln_matmul_n1003_k64_bf16_decode"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("kiln_matmul_n1003_k64_bf16_decode")
+        })
         .expect("the output-head kernel's MLIR");
     let text = std::fs::read_to_string(head).unwrap();
-    assert!(text.contains("memref<1003x64xbf16>"), "dimensions are constants in the MLIR");
-    assert!(asm_files.iter().any(|p| std::fs::read_to_string(p).unwrap().contains("vfmadd")), "FMA code for the host");
+    assert!(
+        text.contains("memref<1003x64xbf16>"),
+        "dimensions are constants in the MLIR"
+    );
+    assert!(
+        asm_files
+            .iter()
+            .any(|p| std::fs::read_to_string(p).unwrap().contains("vfmadd")),
+        "FMA code for the host"
+    );
 
     // Asking again on a cache hit still writes the dumps.
     let again = out.path().join("again");
-    let o = kiln(cache.path(), &["compile", model.to_str().unwrap(), "--emit-mlir", again.to_str().unwrap()]);
+    let o = kiln(
+        cache.path(),
+        &[
+            "compile",
+            model.to_str().unwrap(),
+            "--emit-mlir",
+            again.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success());
     assert_eq!(std::fs::read_dir(&again).unwrap().count(), mlir_files.len());
 }
@@ -212,8 +303,15 @@ fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "error should mention {n:?}: {err}");
     }
-    assert!(entries(cache).is_empty() || extra.contains(&"--ctx"), "no cache entry for a bad model");
-    assert!(leftovers(cache).is_empty(), "nothing half-written: {:?}", leftovers(cache));
+    assert!(
+        entries(cache).is_empty() || extra.contains(&"--ctx"),
+        "no cache entry for a bad model"
+    );
+    assert!(
+        leftovers(cache).is_empty(),
+        "nothing half-written: {:?}",
+        leftovers(cache)
+    );
 }
 
 #[test]
@@ -227,11 +325,17 @@ fn missing_and_malformed_config() {
     expect_error(m.path(), cache.path(), &[], &["config.json"]);
 
     let m = copy_fixture("llama");
-    std::fs::write(m.path().join("config.json"), "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,").unwrap();
+    std::fs::write(
+        m.path().join("config.json"),
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,",
+    )
+    .unwrap();
     expect_error(m.path(), cache.path(), &[], &["config.json", "line"]);
 
     let m = copy_fixture("llama");
-    let text = std::fs::read_to_string(m.path().join("config.json")).unwrap().replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    let text = std::fs::read_to_string(m.path().join("config.json"))
+        .unwrap()
+        .replace("LlamaForCausalLM", "GPT2LMHeadModel");
     let text = text.replace("\"model_type\": \"llama\"", "\"model_type\": \"gpt2\"");
     std::fs::write(m.path().join("config.json"), text).unwrap();
     expect_error(m.path(), cache.path(), &[], &["config.json", "GPT2LMHeadModel"]);
@@ -242,12 +346,20 @@ fn rewrite_tensors(dir: &Path, edit: impl FnOnce(&mut Vec<(String, safetensors::
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
-        st.tensors().into_iter().map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
     edit(&mut tensors);
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, None, &path).unwrap();
 }
@@ -288,10 +400,16 @@ fn prompt_longer_than_the_context() {
     let model = fixture("qwen2");
     let long = "words and more words ".repeat(200);
     // Longer than the model's 512 positions.
-    let o = kiln(cache.path(), &["run", model.to_str().unwrap(), "--prompt", &long, "--max-tokens", "4"]);
+    let o = kiln(
+        cache.path(),
+        &["run", model.to_str().unwrap(), "--prompt", &long, "--max-tokens", "4"],
+    );
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("tokens") && err.contains("context") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("tokens") && err.contains("context") && !err.contains("panicked"),
+        "{err}"
+    );
     // And against a smaller --ctx.
     expect_error(&model, cache.path(), &["--ctx", "2"], &["context", "--ctx"]);
     // --ctx beyond the model's limit.
@@ -305,9 +423,22 @@ fn unwritable_cache_folder() {
     let file = base.path().join("not-a-folder");
     std::fs::write(&file, "x").unwrap();
     let cache = file.join("cache");
-    let o = kiln(&cache, &["run", fixture("llama").to_str().unwrap(), "--prompt", "hello", "--max-tokens", "2"]);
+    let o = kiln(
+        &cache,
+        &[
+            "run",
+            fixture("llama").to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "2",
+        ],
+    );
     let err = stderr(&o);
     assert!(!o.status.success());
-    assert!(err.starts_with("error: ") && err.lines().count() == 1 && !err.contains("panicked"), "{err}");
+    assert!(
+        err.starts_with("error: ") && err.lines().count() == 1 && !err.contains("panicked"),
+        "{err}"
+    );
     assert!(err.contains(cache.to_str().unwrap()), "names the folder: {err}");
 }

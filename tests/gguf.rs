@@ -60,7 +60,8 @@ fn llama_cpp_converted_files_reproduce_the_transformers_goldens() {
     // (Not mistral: llama.cpp's converter drops Mistral's sliding window, so its GGUF means full
     // attention and rightly differs from transformers on prompts longer than the window.)
     for name in ["llama", "qwen2"] {
-        let golden: Golden = serde_json::from_str(&std::fs::read_to_string(fixtures().join(name).join("golden.json")).unwrap()).unwrap();
+        let golden: Golden =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join(name).join("golden.json")).unwrap()).unwrap();
         let mut session = open(&format!("{name}-bf16.gguf"), None);
         let mut worst = 0.0f32;
         for (i, case) in golden.cases.iter().enumerate() {
@@ -68,24 +69,38 @@ fn llama_cpp_converted_files_reproduce_the_transformers_goldens() {
             let ids = session.tokenizer.encode(&case.prompt, true).unwrap();
             assert_eq!(ids, case.prompt_token_ids, "{name} case {i}: GGUF tokenizer differs");
             let (tokens, logits) = greedy(&mut session, &case.prompt_token_ids, case.greedy_token_ids.len());
-            let diff = logits.iter().zip(&case.last_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let diff = logits
+                .iter()
+                .zip(&case.last_logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             worst = worst.max(diff);
             assert!(diff <= 1e-3, "{name} case {i}: logits differ by {diff}");
-            assert_eq!(tokens, case.greedy_token_ids, "{name} case {i}: greedy continuation differs");
+            assert_eq!(
+                tokens, case.greedy_token_ids,
+                "{name} case {i}: greedy continuation differs"
+            );
         }
         eprintln!("{name}-bf16.gguf: max |logit diff| vs transformers = {worst:e}");
     }
 }
 
 fn kiln(cache: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env("KILN_CACHE_DIR", cache).output().expect("kiln runs")
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("KILN_CACHE_DIR", cache)
+        .output()
+        .expect("kiln runs")
 }
 
 fn expect_gguf_error(bytes: &[u8], needles: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("broken.gguf");
     std::fs::write(&file, bytes).unwrap();
-    let o = kiln(dir.path(), &["run", file.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"]);
+    let o = kiln(
+        dir.path(),
+        &["run", file.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(!err.contains("panicked"), "{err}");
@@ -110,20 +125,36 @@ fn broken_gguf_files_give_one_line_errors() {
 
 #[test]
 fn quantised_kernels_match_dequantising_at_load() {
-    let golden: Golden = serde_json::from_str(&std::fs::read_to_string(fixtures().join("llama/golden.json")).unwrap()).unwrap();
-    for file in ["llama-q8_0.gguf", "llama-q4_0.gguf", "llama-q4_1.gguf", "llama-q5_0.gguf", "llama-q5_1.gguf"] {
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("llama/golden.json")).unwrap()).unwrap();
+    for file in [
+        "llama-q8_0.gguf",
+        "llama-q4_0.gguf",
+        "llama-q4_1.gguf",
+        "llama-q5_0.gguf",
+        "llama-q5_1.gguf",
+    ] {
         let mut quantised = open(file, None);
         let mut dequantised = open(file, Some(DType::F32));
         assert!(
-            kiln_spec::weights::weight_list(&quantised.spec).iter().any(|w| w.dtype.is_quantized()),
+            kiln_spec::weights::weight_list(&quantised.spec)
+                .iter()
+                .any(|w| w.dtype.is_quantized()),
             "{file}: the quantised kernels are exercised"
         );
         for case in &golden.cases {
             let (a_tokens, a_logits) = greedy(&mut quantised, &case.prompt_token_ids, 16);
             let (b_tokens, b_logits) = greedy(&mut dequantised, &case.prompt_token_ids, 16);
-            let diff = a_logits.iter().zip(&b_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let diff = a_logits
+                .iter()
+                .zip(&b_logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             // Same dequantised values, same accumulation order: the kernels agree exactly.
-            assert_eq!(diff, 0.0, "{file}: quantised kernels and dequantised weights differ by {diff}");
+            assert_eq!(
+                diff, 0.0,
+                "{file}: quantised kernels and dequantised weights differ by {diff}"
+            );
             assert_eq!(a_tokens, b_tokens, "{file}: greedy continuations differ");
         }
     }

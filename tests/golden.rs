@@ -75,12 +75,21 @@ fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
     let mut worst = 0.0f32;
     for (i, case) in golden(name).cases.iter().enumerate() {
         let ids = session.tokenizer.encode(&case.prompt, true).expect("encode");
-        assert_eq!(ids, case.prompt_token_ids, "{name} case {i}: tokenisation differs from transformers");
+        assert_eq!(
+            ids, case.prompt_token_ids,
+            "{name} case {i}: tokenisation differs from transformers"
+        );
         let (tokens, logits) = greedy(&mut session, &ids, case.greedy_token_ids.len());
         let diff = max_abs_diff(&logits, &case.last_logits);
         worst = worst.max(diff);
-        assert!(diff <= LOGIT_TOLERANCE, "{name} case {i}: last-position logits differ by {diff} (> {LOGIT_TOLERANCE})");
-        assert_eq!(tokens, case.greedy_token_ids, "{name} case {i}: greedy continuation differs from transformers");
+        assert!(
+            diff <= LOGIT_TOLERANCE,
+            "{name} case {i}: last-position logits differ by {diff} (> {LOGIT_TOLERANCE})"
+        );
+        assert_eq!(
+            tokens, case.greedy_token_ids,
+            "{name} case {i}: greedy continuation differs from transformers"
+        );
     }
     eprintln!("{name} (threads {threads}, prefill block {prefill_rows:?}): max |logit diff| = {worst:e}");
     worst
@@ -99,8 +108,16 @@ fn long_prompt_spans_many_small_prefill_blocks() {
     // partial one, exercising block boundaries, the sliding window across blocks and the
     // head reading the last row of a partial block.
     for name in ["mistral", "qwen3"] {
-        let long = golden(name).cases.iter().map(|c| c.prompt_token_ids.len()).max().unwrap();
-        assert!(long > 64 * 4, "{name}: the golden set needs a prompt longer than several default blocks");
+        let long = golden(name)
+            .cases
+            .iter()
+            .map(|c| c.prompt_token_ids.len())
+            .max()
+            .unwrap();
+        assert!(
+            long > 64 * 4,
+            "{name}: the golden set needs a prompt longer than several default blocks"
+        );
         check_model(name, 2, Some(8));
     }
 }
@@ -121,7 +138,11 @@ fn single_thread_gives_bitwise_identical_logits() {
 #[test]
 fn prefill_and_decode_agree_position_by_position() {
     for name in MODELS {
-        let case = golden(name).cases.into_iter().max_by_key(|c| c.prompt_token_ids.len()).unwrap();
+        let case = golden(name)
+            .cases
+            .into_iter()
+            .max_by_key(|c| c.prompt_token_ids.len())
+            .unwrap();
         let ids = &case.prompt_token_ids;
         let mut session = open(name, 2, None);
         // Decode the whole prompt one token at a time after a one-token prefill, keeping the
@@ -139,7 +160,10 @@ fn prefill_and_decode_agree_position_by_position() {
             worst = worst.max(diff);
             // Every output is computed by the same arithmetic in both regimes (one accumulator
             // per output, the same k order and lane-summing tree), so they agree exactly.
-            assert!(diff == 0.0, "{name}: position {t}: prefill and decode logits differ by {diff}");
+            assert!(
+                diff == 0.0,
+                "{name}: position {t}: prefill and decode logits differ by {diff}"
+            );
         }
         eprintln!("{name}: prefill vs decode max |diff| = {worst:e}");
     }
@@ -169,7 +193,15 @@ fn layer_by_layer_prefill_matches_prefill() {
     session.engine.reset();
     let layers = session.engine.prefill_layer_by_layer(ids).unwrap();
     assert_eq!(layers.len(), session.spec.num_layers() + 1);
-    assert!(layers.iter().all(|l| l.len() == ids.len() && l[0].len() == session.spec.hidden_size));
-    assert_eq!(session.engine.logits(), &whole[..], "the same numbers as the fused plans");
+    assert!(
+        layers
+            .iter()
+            .all(|l| l.len() == ids.len() && l[0].len() == session.spec.hidden_size)
+    );
+    assert_eq!(
+        session.engine.logits(),
+        &whole[..],
+        "the same numbers as the fused plans"
+    );
     assert_ne!(layers[0], layers[1], "each layer changes the residual stream");
 }

@@ -11,8 +11,7 @@ use serde_json::Value;
 
 use crate::error::CacheError;
 use crate::fsutil::{
-    disk_usage, is_plain_file_name, older_than, remove_path, sha256_of, sync_dir, unique_suffix,
-    unix_now,
+    disk_usage, is_plain_file_name, older_than, remove_path, sha256_of, sync_dir, unique_suffix, unix_now,
 };
 use crate::key::{KEY_HEX_LEN, Key};
 
@@ -229,19 +228,14 @@ impl Cache {
     pub fn open(root: impl Into<PathBuf>) -> Result<Cache, CacheError> {
         let cache = Cache::at(root);
         cache.create_root()?;
-        let probe = cache
-            .root
-            .join(format!("{PROBE_PREFIX}{}", unique_suffix()));
+        let probe = cache.root.join(format!("{PROBE_PREFIX}{}", unique_suffix()));
         match OpenOptions::new().write(true).create_new(true).open(&probe) {
             Ok(file) => {
                 drop(file);
                 let _ = fs::remove_file(&probe);
                 Ok(cache)
             }
-            Err(err) => Err(CacheError::NotWritable {
-                path: cache.root,
-                err,
-            }),
+            Err(err) => Err(CacheError::NotWritable { path: cache.root, err }),
         }
     }
 
@@ -362,10 +356,7 @@ impl Cache {
     /// the same key to finish rather than pulling the folder from under it.
     pub fn remove(&self, key_or_prefix: &str) -> Result<Removed, CacheError> {
         let prefix = key_or_prefix.to_ascii_lowercase();
-        if prefix.is_empty()
-            || prefix.len() > KEY_HEX_LEN
-            || !prefix.bytes().all(|b| b.is_ascii_hexdigit())
-        {
+        if prefix.is_empty() || prefix.len() > KEY_HEX_LEN || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(CacheError::InvalidPrefix {
                 input: key_or_prefix.to_owned(),
             });
@@ -450,11 +441,9 @@ impl Cache {
     fn create_root(&self) -> Result<(), CacheError> {
         match fs::create_dir_all(&self.root) {
             Ok(()) => Ok(()),
-            Err(_) if fs::metadata(&self.root).is_ok_and(|meta| !meta.is_dir()) => {
-                Err(CacheError::RootNotAFolder {
-                    path: self.root.clone(),
-                })
-            }
+            Err(_) if fs::metadata(&self.root).is_ok_and(|meta| !meta.is_dir()) => Err(CacheError::RootNotAFolder {
+                path: self.root.clone(),
+            }),
             Err(err) => Err(CacheError::CreateRoot {
                 path: self.root.clone(),
                 err,
@@ -512,8 +501,8 @@ impl Cache {
             file.lock().map_err(CacheError::io("cannot lock", &path))?;
             // The holder we waited for may have deleted the lock file; a lock on a deleted file
             // excludes nobody, so start again with the file now at the path.
-            let current = lock_file_is_current(&file, &path)
-                .map_err(CacheError::io("cannot inspect lock file", &path))?;
+            let current =
+                lock_file_is_current(&file, &path).map_err(CacheError::io("cannot inspect lock file", &path))?;
             if current {
                 return Ok(KeyLock { file, path });
             }
@@ -533,8 +522,7 @@ impl Cache {
             Err(TryLockError::WouldBlock) => return Ok(TryLock::Held),
             Err(TryLockError::Error(err)) => return Err(CacheError::io("cannot lock", &path)(err)),
         }
-        let current = lock_file_is_current(&file, &path)
-            .map_err(CacheError::io("cannot inspect lock file", &path))?;
+        let current = lock_file_is_current(&file, &path).map_err(CacheError::io("cannot inspect lock file", &path))?;
         // If the file was replaced, someone else got there first: treat the key as busy.
         Ok(if current {
             TryLock::Acquired(KeyLock { file, path })
@@ -554,10 +542,7 @@ impl Cache {
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Check::Missing),
             Err(err) => return Err(CacheError::io("cannot inspect cache entry", &dir)(err)),
             Ok(meta) if !meta.is_dir() => {
-                return Ok(Check::corrupt(
-                    format!("{} is not a folder", dir.display()),
-                    None,
-                ));
+                return Ok(Check::corrupt(format!("{} is not a folder", dir.display()), None));
             }
             Ok(_) => {}
         }
@@ -566,10 +551,7 @@ impl Cache {
         let text = match fs::read(&meta_path) {
             Ok(text) => text,
             Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Ok(Check::corrupt(
-                    format!("{} is missing", meta_path.display()),
-                    None,
-                ));
+                return Ok(Check::corrupt(format!("{} is missing", meta_path.display()), None));
             }
             Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
                 return Err(CacheError::io("cannot read", &meta_path)(err));
@@ -587,11 +569,7 @@ impl Cache {
             }
         };
         if meta.key != *key {
-            let reason = format!(
-                "{} is for key {}, expected {key}",
-                meta_path.display(),
-                meta.key
-            );
+            let reason = format!("{} is for key {}, expected {key}", meta_path.display(), meta.key);
             return Ok(Check::corrupt(reason, Some(meta)));
         }
         if !is_plain_file_name(&meta.library) || meta.library == META_FILE {
@@ -647,10 +625,7 @@ impl Cache {
             }
         };
         if bytes != meta.library_bytes {
-            let reason = format!(
-                "library {} changed size while being read",
-                library.display()
-            );
+            let reason = format!("library {} changed size while being read", library.display());
             return Ok(Check::corrupt(reason, Some(meta)));
         }
         if sha256 != meta.library_sha256 {
@@ -668,18 +643,14 @@ impl Cache {
     /// Renames an entry folder (or whatever is at its path) to a fresh trash name, which makes it
     /// disappear atomically; returns the trash path to delete.
     fn move_to_trash(&self, key: &Key, dir: &Path) -> Result<PathBuf, CacheError> {
-        let trash = self
-            .root
-            .join(format!("{TRASH_PREFIX}{key}-{}", unique_suffix()));
+        let trash = self.root.join(format!("{TRASH_PREFIX}{key}-{}", unique_suffix()));
         fs::rename(dir, &trash).map_err(CacheError::io("cannot move aside cache entry", dir))?;
         Ok(trash)
     }
 
     /// Creates an empty staging folder for a build of `key`, deleted again unless committed.
     fn create_staging(&self, key: &Key) -> Result<Staging, CacheError> {
-        let path = self
-            .root
-            .join(format!("{STAGING_PREFIX}{key}-{}", unique_suffix()));
+        let path = self.root.join(format!("{STAGING_PREFIX}{key}-{}", unique_suffix()));
         fs::create_dir(&path).map_err(CacheError::io("cannot create staging folder", &path))?;
         Ok(Staging { path, keep: false })
     }
@@ -700,8 +671,7 @@ impl Cache {
             });
         }
         let library = staging.path.join(&output.library);
-        let mut file =
-            File::open(&library).map_err(CacheError::io("cannot open built library", &library))?;
+        let mut file = File::open(&library).map_err(CacheError::io("cannot open built library", &library))?;
         let is_file = file
             .metadata()
             .map_err(CacheError::io("cannot inspect built library", &library))?
@@ -731,8 +701,7 @@ impl Cache {
             err,
         })?;
         text.push(b'\n');
-        let mut meta_file =
-            File::create(&meta_path).map_err(CacheError::io("cannot create", &meta_path))?;
+        let mut meta_file = File::create(&meta_path).map_err(CacheError::io("cannot create", &meta_path))?;
         meta_file
             .write_all(&text)
             .map_err(CacheError::io("cannot write", &meta_path))?;
@@ -743,10 +712,8 @@ impl Cache {
         sync_dir(&staging.path).map_err(CacheError::io("cannot sync folder", &staging.path))?;
 
         let dir = self.entry_dir(key);
-        fs::rename(&staging.path, &dir).map_err(CacheError::io(
-            "cannot move the finished build into place at",
-            &dir,
-        ))?;
+        fs::rename(&staging.path, &dir)
+            .map_err(CacheError::io("cannot move the finished build into place at", &dir))?;
         staging.keep = true;
         sync_dir(&self.root).map_err(CacheError::io("cannot sync folder", &self.root))?;
         Ok(Entry::new(dir, meta))
@@ -833,10 +800,7 @@ fn classify(name: &str) -> Item {
     if let Some(key) = Key::from_folder_name(name) {
         return Item::Entry(key);
     }
-    if let Some(key) = name
-        .strip_suffix(LOCK_SUFFIX)
-        .and_then(Key::from_folder_name)
-    {
+    if let Some(key) = name.strip_suffix(LOCK_SUFFIX).and_then(Key::from_folder_name) {
         return Item::Lock(key);
     }
     if let Some(rest) = name.strip_prefix(STAGING_PREFIX) {

@@ -18,9 +18,7 @@ use crate::key::{KEY_HEX_LEN, Key};
 #[non_exhaustive]
 pub enum CacheError {
     /// None of the variables that locate the cache folder is usable.
-    #[error(
-        "cannot determine the cache folder: KILN_CACHE_DIR, XDG_CACHE_HOME and HOME are all unset or empty"
-    )]
+    #[error("cannot determine the cache folder: KILN_CACHE_DIR, XDG_CACHE_HOME and HOME are all unset or empty")]
     NoCacheDir,
 
     /// The cache folder is missing and cannot be created.
@@ -128,18 +126,15 @@ impl CacheError {
     /// The operating-system error behind this one, if any, for callers that branch on its kind.
     pub fn io_error(&self) -> Option<&io::Error> {
         match self {
-            CacheError::CreateRoot { err, .. }
-            | CacheError::NotWritable { err, .. }
-            | CacheError::Io { err, .. } => Some(err),
+            CacheError::CreateRoot { err, .. } | CacheError::NotWritable { err, .. } | CacheError::Io { err, .. } => {
+                Some(err)
+            }
             _ => None,
         }
     }
 
     /// Shorthand for [`CacheError::Io`], used with `map_err`.
-    pub(crate) fn io(
-        what: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(io::Error) -> Self {
+    pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
         let path = path.into();
         move |err| CacheError::Io { what, path, err }
     }
@@ -147,8 +142,5 @@ impl CacheError {
 
 /// Keys separated by commas, for [`CacheError::Ambiguous`].
 fn join_keys(keys: &[Key]) -> String {
-    keys.iter()
-        .map(Key::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    keys.iter().map(Key::to_string).collect::<Vec<_>>().join(", ")
 }

@@ -72,10 +72,7 @@ pub(crate) fn disk_usage(path: &Path) -> u64 {
     let Ok(children) = fs::read_dir(path) else {
         return 0;
     };
-    children
-        .flatten()
-        .map(|child| disk_usage(&child.path()))
-        .sum()
+    children.flatten().map(|child| disk_usage(&child.path())).sum()
 }
 
 /// Whether `path` was last modified at least `age` ago. Unknown or future times count as recent,
@@ -94,17 +91,13 @@ pub(crate) fn older_than(path: &Path, age: Duration) -> bool {
 pub(crate) fn unique_suffix() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{}-{nanos:x}.{count}", std::process::id())
 }
 
 /// Seconds since the Unix epoch, or 0 if the clock is before it.
 pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Whether `name` is a single, ordinary file name: no separators, not `.` or `..`, not empty.

@@ -57,9 +57,7 @@ impl Key {
     /// Accepts exactly [`KEY_HEX_LEN`] hexadecimal digits in either case, so that user input is
     /// validated before it is turned into a path; anything else is a [`CacheError::InvalidKey`].
     pub fn parse(text: &str) -> Result<Key, CacheError> {
-        let invalid = || CacheError::InvalidKey {
-            input: text.to_owned(),
-        };
+        let invalid = || CacheError::InvalidKey { input: text.to_owned() };
         let digits = text.as_bytes();
         if digits.len() != KEY_HEX_LEN {
             return Err(invalid());

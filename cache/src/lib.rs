@@ -37,10 +37,7 @@ mod error;
 mod fsutil;
 mod key;
 
-pub use cache::{
-    BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed,
-    Status,
-};
+pub use cache::{BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
 

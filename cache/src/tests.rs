@@ -56,10 +56,7 @@ fn build(cache: &Cache, key: &Key, calls: &AtomicUsize, bytes: &[u8]) -> Outcome
         .get_or_build(key, |dir| -> Result<BuildOutput, TestError> {
             calls.fetch_add(1, Ordering::SeqCst);
             fs::write(dir.join(LIB), bytes).map_err(|err| TestError::Builder(err.to_string()))?;
-            Ok(BuildOutput::new(
-                LIB,
-                json!({ "model": "tiny", "kernels": ["matmul"] }),
-            ))
+            Ok(BuildOutput::new(LIB, json!({ "model": "tiny", "kernels": ["matmul"] })))
         })
         .unwrap()
 }
@@ -97,11 +94,7 @@ fn set_mtime(path: &Path, time: SystemTime) {
 }
 
 fn append_line(path: &Path, line: &str) {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
+    let mut file = OpenOptions::new().create(true).append(true).open(path).unwrap();
     file.write_all(format!("{line}\n").as_bytes()).unwrap();
 }
 
@@ -113,8 +106,7 @@ fn key_text_is_32_lowercase_hex_digits_and_parses_back() {
     let text = key.to_string();
     assert_eq!(text.len(), KEY_HEX_LEN);
     assert!(
-        text.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
         "{text}"
     );
     assert_eq!(Key::parse(&text).unwrap(), key);
@@ -134,10 +126,7 @@ fn key_matches_an_independent_implementation_of_the_encoding() {
         ("cpu", "x86_64"),
     ]);
     assert_eq!(key.to_string(), "adf3c284151688be6b45f9837e39146f");
-    assert_eq!(
-        Key::from_parts(&[]).to_string(),
-        "d34b133288a1dab222d3e685300b6be4"
-    );
+    assert_eq!(Key::from_parts(&[]).to_string(), "d34b133288a1dab222d3e685300b6be4");
 }
 
 #[test]
@@ -175,10 +164,7 @@ fn key_parse_rejects_anything_but_32_hex_digits() {
         "../../../../etc/passwd/aaaaaaaaa".to_owned(),
     ] {
         let err = Key::parse(&bad).unwrap_err();
-        assert!(
-            matches!(err, CacheError::InvalidKey { .. }),
-            "{bad:?}: {err}"
-        );
+        assert!(matches!(err, CacheError::InvalidKey { .. }), "{bad:?}: {err}");
         assert!(err.to_string().contains("32 hexadecimal digits"), "{err}");
     }
 }
@@ -205,10 +191,7 @@ fn root_follows_kiln_then_xdg_then_home() {
         root_from_env(os(""), os("/xdg"), os("/home/u")).unwrap(),
         Path::new("/xdg/kiln")
     );
-    assert_eq!(
-        root_from_env(None, os("/xdg"), None).unwrap(),
-        Path::new("/xdg/kiln")
-    );
+    assert_eq!(root_from_env(None, os("/xdg"), None).unwrap(), Path::new("/xdg/kiln"));
     assert_eq!(
         root_from_env(None, os(""), os("/home/u")).unwrap(),
         Path::new("/home/u/.cache/kiln")
@@ -219,15 +202,8 @@ fn root_follows_kiln_then_xdg_then_home() {
         Path::new("/home/u/.cache/kiln")
     );
     // KILN_CACHE_DIR is taken as given, even relative: the user asked for it explicitly.
-    assert_eq!(
-        root_from_env(os("rel/dir"), None, None).unwrap(),
-        Path::new("rel/dir")
-    );
-    for (kiln, xdg, home) in [
-        (None, None, None),
-        (os(""), os(""), os("")),
-        (None, os("rel"), None),
-    ] {
+    assert_eq!(root_from_env(os("rel/dir"), None, None).unwrap(), Path::new("rel/dir"));
+    for (kiln, xdg, home) in [(None, None, None), (os(""), os(""), os("")), (None, os("rel"), None)] {
         let err = root_from_env(kiln, xdg, home).unwrap_err();
         assert!(matches!(err, CacheError::NoCacheDir), "{err}");
         assert!(err.to_string().contains("KILN_CACHE_DIR"), "{err}");
@@ -273,24 +249,15 @@ fn open_reports_a_folder_that_cannot_be_created_or_written() {
     let err = Cache::open(&below_file).unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, CacheError::CreateRoot { .. }), "{message}");
-    assert!(
-        message.contains(&below_file.display().to_string()),
-        "{message}"
-    );
-    assert!(
-        message.starts_with("cannot create cache folder"),
-        "{message}"
-    );
+    assert!(message.contains(&below_file.display().to_string()), "{message}");
+    assert!(message.starts_with("cannot create cache folder"), "{message}");
     assert!(err.io_error().is_some());
     assert!(!message.contains('\n'));
 
     // A path taken by a file.
     let err = Cache::open(&file).unwrap_err();
     assert!(matches!(err, CacheError::RootNotAFolder { .. }), "{err}");
-    assert!(
-        err.to_string().contains(&file.display().to_string()),
-        "{err}"
-    );
+    assert!(err.to_string().contains(&file.display().to_string()), "{err}");
 
     // Permissions, where they are enforced (not when the tests run as root).
     #[cfg(unix)]
@@ -305,10 +272,7 @@ fn open_reports_a_folder_that_cannot_be_created_or_written() {
             let message = err.to_string();
             assert!(matches!(err, CacheError::NotWritable { .. }), "{message}");
             assert!(
-                message.starts_with(&format!(
-                    "cache folder {} is not writable: ",
-                    read_only.display()
-                )),
+                message.starts_with(&format!("cache folder {} is not writable: ", read_only.display())),
                 "{message}"
             );
             assert!(message.contains("Permission denied"), "{message}");
@@ -354,10 +318,7 @@ fn miss_builds_then_hits_without_calling_the_builder() {
         assert_eq!(hit.entry, built.entry);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        cache.lookup(&key).unwrap(),
-        Lookup::Hit(Box::new(built.entry))
-    );
+    assert_eq!(cache.lookup(&key).unwrap(), Lookup::Hit(Box::new(built.entry)));
 
     // Another key is another entry.
     let other = build(&cache, &crate::tests::key(2), &calls, &library_bytes(2, 10));
@@ -380,10 +341,7 @@ fn meta_json_records_the_library_and_the_builders_info() {
             fs::write(dir.join(LIB), &bytes).unwrap();
             fs::write(dir.join("build.log"), b"extra files are kept").unwrap();
             thread::sleep(Duration::from_millis(20));
-            Ok(BuildOutput::new(
-                LIB,
-                json!({ "model": "/m/tiny.gguf", "llvm": "22" }),
-            ))
+            Ok(BuildOutput::new(LIB, json!({ "model": "/m/tiny.gguf", "llvm": "22" })))
         })
         .unwrap();
     let meta = &outcome.entry.meta;
@@ -399,10 +357,7 @@ fn meta_json_records_the_library_and_the_builders_info() {
     let dir = &outcome.entry.dir;
     assert_eq!(names(dir), ["build.log", LIB, META_FILE]);
     let text = fs::read_to_string(dir.join(META_FILE)).unwrap();
-    assert!(
-        text.contains("\n  \"library_sha256\": "),
-        "not pretty JSON:\n{text}"
-    );
+    assert!(text.contains("\n  \"library_sha256\": "), "not pretty JSON:\n{text}");
     let parsed: Meta = serde_json::from_str(&text).unwrap();
     assert_eq!(&parsed, meta);
 }
@@ -456,12 +411,7 @@ fn assert_detected_and_rebuilt(damage: impl FnOnce(&Entry), expected: &[&str]) {
     assert!(!reason.contains('\n'), "{reason}");
 
     let outcome = build(&cache, &key, &calls, &bytes);
-    assert_eq!(
-        outcome.status,
-        Status::Rebuilt {
-            reason: reason.clone()
-        }
-    );
+    assert_eq!(outcome.status, Status::Rebuilt { reason: reason.clone() });
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(fs::read(&outcome.entry.library_path).unwrap(), bytes);
     assert!(matches!(cache.lookup(&key).unwrap(), Lookup::Hit(_)));
@@ -473,10 +423,7 @@ fn assert_detected_and_rebuilt(damage: impl FnOnce(&Entry), expected: &[&str]) {
 fn truncated_library_is_rebuilt() {
     assert_detected_and_rebuilt(
         |entry| {
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&entry.library_path)
-                .unwrap();
+            let file = OpenOptions::new().write(true).open(&entry.library_path).unwrap();
             file.set_len(1000).unwrap();
         },
         &[&format!("{LIB} has 1000 bytes"), "65536", "truncated"],
@@ -500,10 +447,7 @@ fn entry_sha(seed: u8) -> String {
 fn library_with_appended_garbage_is_rebuilt() {
     assert_detected_and_rebuilt(
         |entry| {
-            let mut file = OpenOptions::new()
-                .append(true)
-                .open(&entry.library_path)
-                .unwrap();
+            let mut file = OpenOptions::new().append(true).open(&entry.library_path).unwrap();
             file.write_all(b"junk").unwrap();
         },
         &[LIB, "65540 bytes"],
@@ -548,11 +492,7 @@ fn meta_json_of_another_key_is_rebuilt() {
         |entry| {
             let mut meta = entry.meta.clone();
             meta.key = key(11);
-            fs::write(
-                entry.dir.join(META_FILE),
-                serde_json::to_vec(&meta).unwrap(),
-            )
-            .unwrap();
+            fs::write(entry.dir.join(META_FILE), serde_json::to_vec(&meta).unwrap()).unwrap();
         },
         &[META_FILE, "is for key", &key(11).to_string()],
     );
@@ -564,11 +504,7 @@ fn meta_json_naming_a_path_outside_the_entry_is_rebuilt() {
         |entry| {
             let mut meta = entry.meta.clone();
             meta.library = "../../etc/passwd".to_owned();
-            fs::write(
-                entry.dir.join(META_FILE),
-                serde_json::to_vec(&meta).unwrap(),
-            )
-            .unwrap();
+            fs::write(entry.dir.join(META_FILE), serde_json::to_vec(&meta).unwrap()).unwrap();
         },
         &[META_FILE, "not a plain file name"],
     );
@@ -618,11 +554,7 @@ fn builder_error_leaves_no_entry_and_no_staging_folder() {
         Err(TestError::Builder(message)) => assert_eq!(message, "mlir-opt failed"),
         other => panic!("expected the builder's error, got {other:?}"),
     }
-    let staging_name = staging_seen
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let staging_name = staging_seen.file_name().unwrap().to_string_lossy().into_owned();
     assert!(staging_name.starts_with(&format!(".staging-{key}-{}-", std::process::id())));
     assert!(!staging_seen.exists());
     assert!(!cache.entry_dir(&key).exists());
@@ -657,15 +589,7 @@ fn builder_panic_leaves_no_entry_and_no_staging_folder() {
 fn builder_output_naming_no_plain_file_is_rejected() {
     let (_tmp, cache) = new_cache();
     let key = key(22);
-    for name in [
-        "",
-        ".",
-        "..",
-        "a/b",
-        "/abs/libkiln.so",
-        "../libkiln.so",
-        META_FILE,
-    ] {
+    for name in ["", ".", "..", "a/b", "/abs/libkiln.so", "../libkiln.so", META_FILE] {
         let result = cache.get_or_build(&key, |dir| -> Result<BuildOutput, TestError> {
             fs::write(dir.join(LIB), b"lib").unwrap();
             Ok(BuildOutput::new(name, json!(null)))
@@ -699,10 +623,7 @@ fn builder_output_naming_no_plain_file_is_rejected() {
         Ok(BuildOutput::new(LIB, json!(null)))
     });
     assert!(
-        matches!(
-            result,
-            Err(TestError::Cache(CacheError::LibraryNotAFile { .. }))
-        ),
+        matches!(result, Err(TestError::Cache(CacheError::LibraryNotAFile { .. }))),
         "{result:?}"
     );
 
@@ -737,10 +658,7 @@ fn threads_building_the_same_key_run_the_builder_once() {
         .collect();
     let outcomes: Vec<Outcome> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let built = outcomes
-        .iter()
-        .filter(|o| o.status == Status::Built)
-        .count();
+    let built = outcomes.iter().filter(|o| o.status == Status::Built).count();
     let hits = outcomes.iter().filter(|o| o.status == Status::Hit).count();
     assert_eq!((built, hits), (1, threads - 1));
     for outcome in &outcomes {
@@ -784,10 +702,7 @@ fn child_process_builder() {
         fs::read(&outcome.entry.library_path).unwrap(),
         library_bytes(40, 200_000)
     );
-    assert!(matches!(
-        cache.lookup(&shared_key()).unwrap(),
-        Lookup::Hit(_)
-    ));
+    assert!(matches!(cache.lookup(&shared_key()).unwrap(), Lookup::Hit(_)));
     append_line(&log, &format!("status {:?}", outcome.status));
 }
 
@@ -823,10 +738,7 @@ fn two_processes_building_the_same_key_run_the_builder_once() {
     assert_eq!(lines, ["build", "status Built", "status Hit"], "{events}");
 
     let cache = Cache::at(&root);
-    assert!(matches!(
-        cache.lookup(&shared_key()).unwrap(),
-        Lookup::Hit(_)
-    ));
+    assert!(matches!(cache.lookup(&shared_key()).unwrap(), Lookup::Hit(_)));
     assert!(leftovers(&cache).is_empty(), "{:?}", leftovers(&cache));
 }
 
@@ -868,10 +780,7 @@ fn list_reports_valid_and_damaged_entries() {
     let list = cache.list().unwrap();
     let mut expected_keys = vec![key(50), key(51), key(52)];
     expected_keys.sort();
-    assert_eq!(
-        list.iter().map(|info| info.key).collect::<Vec<_>>(),
-        expected_keys
-    );
+    assert_eq!(list.iter().map(|info| info.key).collect::<Vec<_>>(), expected_keys);
 
     let find = |key: Key| list.iter().find(|info| info.key == key).unwrap();
     let info = find(key(50));
@@ -885,11 +794,7 @@ fn list_reports_valid_and_damaged_entries() {
 
     let info = find(key(51));
     assert!(!info.is_valid());
-    assert!(
-        info.problem.as_ref().unwrap().contains("5 bytes"),
-        "{:?}",
-        info.problem
-    );
+    assert!(info.problem.as_ref().unwrap().contains("5 bytes"), "{:?}", info.problem);
     assert_eq!(
         info.meta.as_ref(),
         Some(&bad.meta),
@@ -897,11 +802,7 @@ fn list_reports_valid_and_damaged_entries() {
     );
 
     let info = find(key(52));
-    assert!(
-        info.problem.as_ref().unwrap().contains(META_FILE),
-        "{:?}",
-        info.problem
-    );
+    assert!(info.problem.as_ref().unwrap().contains(META_FILE), "{:?}", info.problem);
     assert_eq!(info.meta, None);
     assert_eq!(info.created_unix(), None);
 }
@@ -919,19 +820,13 @@ fn remove_accepts_a_unique_prefix_and_refuses_ambiguous_ones() {
     let message = err.to_string();
     assert!(matches!(err, CacheError::Ambiguous { ref matches, .. } if matches.len() == 2));
     assert!(message.contains(&first.to_string()) && message.contains(&second.to_string()));
-    assert!(
-        message.contains("2 entries") && !message.contains('\n'),
-        "{message}"
-    );
+    assert!(message.contains("2 entries") && !message.contains('\n'), "{message}");
     assert_eq!(cache.list().unwrap().len(), 2);
 
     // Invalid prefixes.
     for bad in ["", "xyz", "../", &format!("{first}0")] {
         let err = cache.remove(bad).unwrap_err();
-        assert!(
-            matches!(err, CacheError::InvalidPrefix { .. }),
-            "{bad:?}: {err}"
-        );
+        assert!(matches!(err, CacheError::InvalidPrefix { .. }), "{bad:?}: {err}");
     }
 
     // No match.
@@ -941,11 +836,7 @@ fn remove_accepts_a_unique_prefix_and_refuses_ambiguous_ones() {
         .unwrap();
     let err = cache.remove(&absent).unwrap_err();
     assert!(matches!(err, CacheError::NoMatch { .. }), "{err}");
-    assert!(
-        err.to_string()
-            .contains(&cache.root().display().to_string()),
-        "{err}"
-    );
+    assert!(err.to_string().contains(&cache.root().display().to_string()), "{err}");
 
     // A unique prefix, in upper case.
     let prefix = distinguishing_prefix(&first, &second).to_uppercase();
@@ -1046,10 +937,7 @@ fn clean_all_removes_entries_leftovers_and_idle_locks_but_not_live_builds() {
     assert_eq!(names(&root), ["notes.txt"]);
 
     // And the cache still works.
-    assert_eq!(
-        build(&cache, &key(70), &calls, b"again").status,
-        Status::Built
-    );
+    assert_eq!(build(&cache, &key(70), &calls, b"again").status, Status::Built);
 }
 
 #[test]
@@ -1109,10 +997,7 @@ fn warm_hit_on_a_few_megabytes_is_fast() {
         })
         .min()
         .unwrap();
-    assert!(
-        fastest < Duration::from_millis(200),
-        "warm hit took {fastest:?}"
-    );
+    assert!(fastest < Duration::from_millis(200), "warm hit took {fastest:?}");
 }
 
 #[test]
@@ -1134,10 +1019,7 @@ fn error_messages_are_single_lines_naming_what_is_wrong() {
     ];
     for err in errors {
         let message = err.to_string();
-        assert!(
-            !message.is_empty() && !message.contains('\n'),
-            "{message:?}"
-        );
+        assert!(!message.is_empty() && !message.contains('\n'), "{message:?}");
         // No OS error is hidden in a source chain that printers would repeat.
         assert!(std::error::Error::source(&err).is_none(), "{message}");
     }

@@ -61,7 +61,13 @@ impl<'c, 'a> Kb<'c, 'a> {
     }
 
     /// Appends a generic operation with explicit result types.
-    pub fn op(&self, name: &str, operands: &[Value<'c, '_>], results: &[Type<'c>], attrs: &[(&str, Attribute<'c>)]) -> Vec<Value<'c, 'a>> {
+    pub fn op(
+        &self,
+        name: &str,
+        operands: &[Value<'c, '_>],
+        results: &[Type<'c>],
+        attrs: &[(&str, Attribute<'c>)],
+    ) -> Vec<Value<'c, 'a>> {
         let attrs: Vec<_> = attrs.iter().map(|(n, a)| (Identifier::new(self.ctx, n), *a)).collect();
         let op = OperationBuilder::new(name, self.loc)
             .add_operands(operands)
@@ -70,36 +76,73 @@ impl<'c, 'a> Kb<'c, 'a> {
             .build()
             .unwrap_or_else(|e| panic!("emitter built an invalid {name}: {e}"));
         let op = self.blk.append_operation(op);
-        (0..results.len()).map(|i| op.result(i).expect("result exists").into()).collect()
+        (0..results.len())
+            .map(|i| op.result(i).expect("result exists").into())
+            .collect()
     }
-    fn op1(&self, name: &str, operands: &[Value<'c, '_>], result: Type<'c>, attrs: &[(&str, Attribute<'c>)]) -> Value<'c, 'a> {
+    fn op1(
+        &self,
+        name: &str,
+        operands: &[Value<'c, '_>],
+        result: Type<'c>,
+        attrs: &[(&str, Attribute<'c>)],
+    ) -> Value<'c, 'a> {
         self.op(name, operands, &[result], attrs)[0]
     }
 
     // ---- constants ---------------------------------------------------------------------------
 
     pub fn idx(&self, v: usize) -> Value<'c, 'a> {
-        self.op1("arith.constant", &[], self.index_ty(), &[("value", self.attr(&format!("{v} : index")))])
+        self.op1(
+            "arith.constant",
+            &[],
+            self.index_ty(),
+            &[("value", self.attr(&format!("{v} : index")))],
+        )
     }
     pub fn f32c(&self, v: f32) -> Value<'c, 'a> {
-        self.op1("arith.constant", &[], self.f32_ty(), &[("value", self.attr(&format!("0x{:08X} : f32", v.to_bits())))])
+        self.op1(
+            "arith.constant",
+            &[],
+            self.f32_ty(),
+            &[("value", self.attr(&format!("0x{:08X} : f32", v.to_bits())))],
+        )
     }
     pub fn i32c(&self, v: i32) -> Value<'c, 'a> {
-        self.op1("arith.constant", &[], self.ty("i32"), &[("value", self.attr(&format!("{v} : i32")))])
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty("i32"),
+            &[("value", self.attr(&format!("{v} : i32")))],
+        )
     }
     /// A vector of `lanes` copies of `v`.
     pub fn f32_splat(&self, v: f32, lanes: usize) -> Value<'c, 'a> {
         let t = format!("vector<{lanes}xf32>");
-        self.op1("arith.constant", &[], self.ty(&t), &[("value", self.attr(&format!("dense<0x{:08X}> : {t}", v.to_bits())))])
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty(&t),
+            &[("value", self.attr(&format!("dense<0x{:08X}> : {t}", v.to_bits())))],
+        )
     }
     /// A splat constant of any integer element type.
     pub fn int_splat(&self, v: i64, lanes: usize, elem: &str) -> Value<'c, 'a> {
         let t = format!("vector<{lanes}x{elem}>");
-        self.op1("arith.constant", &[], self.ty(&t), &[("value", self.attr(&format!("dense<{v}> : {t}")))])
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty(&t),
+            &[("value", self.attr(&format!("dense<{v}> : {t}")))],
+        )
     }
     /// A zero of the same type as `like` (scalar f32 or vector of f32).
     pub fn zero_like(&self, lanes: usize) -> Value<'c, 'a> {
-        if lanes == 1 { self.f32c(0.0) } else { self.f32_splat(0.0, lanes) }
+        if lanes == 1 {
+            self.f32c(0.0)
+        } else {
+            self.f32_splat(0.0, lanes)
+        }
     }
 
     // ---- index arithmetic --------------------------------------------------------------------
@@ -130,7 +173,12 @@ impl<'c, 'a> Kb<'c, 'a> {
     }
     pub fn cmpi(&self, pred: Cmp, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         let i1 = self.ty("i1");
-        self.op1("arith.cmpi", &[a, b], i1, &[("predicate", self.attr(&format!("{} : i64", pred as i64)))])
+        self.op1(
+            "arith.cmpi",
+            &[a, b],
+            i1,
+            &[("predicate", self.attr(&format!("{} : i64", pred as i64)))],
+        )
     }
     pub fn select(&self, c: Value<'c, '_>, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("arith.select", &[c, a, b], a.r#type(), &[])
@@ -149,7 +197,11 @@ impl<'c, 'a> Kb<'c, 'a> {
     // ---- float arithmetic (scalars or vectors; `fast` allows reassociation and contraction) ----
 
     fn fop(&self, name: &str, a: Value<'c, '_>, b: Value<'c, '_>, fast: bool) -> Value<'c, 'a> {
-        let attrs: Vec<(&str, Attribute<'c>)> = if fast { vec![("fastmath", self.attr(FAST))] } else { vec![] };
+        let attrs: Vec<(&str, Attribute<'c>)> = if fast {
+            vec![("fastmath", self.attr(FAST))]
+        } else {
+            vec![]
+        };
         self.op1(name, &[a, b], a.r#type(), &attrs)
     }
     pub fn addf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
@@ -176,7 +228,11 @@ impl<'c, 'a> Kb<'c, 'a> {
     }
     /// `a * b + c` with a single rounding (scalar `math.fma` or `vector.fma`).
     pub fn fma(&self, a: Value<'c, '_>, b: Value<'c, '_>, c: Value<'c, '_>) -> Value<'c, 'a> {
-        let name = if a.r#type().is_vector() { "vector.fma" } else { "math.fma" };
+        let name = if a.r#type().is_vector() {
+            "vector.fma"
+        } else {
+            "math.fma"
+        };
         self.op1(name, &[a, b, c], a.r#type(), &[])
     }
     /// `e^x` by range reduction and a polynomial, vectorised (LLVM would otherwise call the
@@ -186,11 +242,22 @@ impl<'c, 'a> Kb<'c, 'a> {
     /// [-87.3, 88.7] so the result is finite and, below, a tiny positive number instead of 0.
     pub fn exp(&self, x: Value<'c, '_>) -> Value<'c, 'a> {
         let lanes = lanes_of(x);
-        let c = |v: f32| if lanes == 1 { self.f32c(v) } else { self.f32_splat(v, lanes) };
+        let c = |v: f32| {
+            if lanes == 1 {
+                self.f32c(v)
+            } else {
+                self.f32_splat(v, lanes)
+            }
+        };
         let x = self.fop("arith.minimumf", x, c(88.722_83), false);
         let x = self.fop("arith.maximumf", x, c(-87.336_54), false);
         // n = floor(x / ln2 + 0.5)
-        let n = self.op1("math.floor", &[self.fma(x, c(std::f32::consts::LOG2_E), c(0.5))], x.r#type(), &[]);
+        let n = self.op1(
+            "math.floor",
+            &[self.fma(x, c(std::f32::consts::LOG2_E), c(0.5))],
+            x.r#type(),
+            &[],
+        );
         // r = x - n ln2, with ln2 split in two for accuracy.
         let r = self.fma(n, c(-0.693_359_4), x);
         let r = self.fma(n, c(2.121_944_4e-4), r);
@@ -201,11 +268,28 @@ impl<'c, 'a> Kb<'c, 'a> {
         let r2 = self.mulf(r, r);
         let y = self.addf(self.fma(p, r2, r), c(1.0));
         // 2^n from the exponent bits.
-        let (ti, tf) = if lanes == 1 { (self.ty("i32"), self.f32_ty()) } else { (self.vec_ty(lanes, "i32"), self.vec_ty(lanes, "f32")) };
+        let (ti, tf) = if lanes == 1 {
+            (self.ty("i32"), self.f32_ty())
+        } else {
+            (self.vec_ty(lanes, "i32"), self.vec_ty(lanes, "f32"))
+        };
         let ni = self.op1("arith.fptosi", &[n], ti, &[]);
-        let bias = if lanes == 1 { self.i32c(127) } else { self.int_splat(127, lanes, "i32") };
-        let shift = if lanes == 1 { self.i32c(23) } else { self.int_splat(23, lanes, "i32") };
-        let bits = self.op1("arith.shli", &[self.op1("arith.addi", &[ni, bias], ti, &[]), shift], ti, &[]);
+        let bias = if lanes == 1 {
+            self.i32c(127)
+        } else {
+            self.int_splat(127, lanes, "i32")
+        };
+        let shift = if lanes == 1 {
+            self.i32c(23)
+        } else {
+            self.int_splat(23, lanes, "i32")
+        };
+        let bits = self.op1(
+            "arith.shli",
+            &[self.op1("arith.addi", &[ni, bias], ti, &[]), shift],
+            ti,
+            &[],
+        );
         let scale = self.op1("arith.bitcast", &[bits], tf, &[]);
         self.mulf(y, scale)
     }
@@ -243,11 +327,21 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn shuffle(&self, a: Value<'c, '_>, b: Value<'c, '_>, mask: &[usize]) -> Value<'c, 'a> {
         let list: Vec<String> = mask.iter().map(|i| i.to_string()).collect();
         let t = self.vec_ty(mask.len(), "f32");
-        self.op1("vector.shuffle", &[a, b], t, &[("mask", self.attr(&format!("array<i64: {}>", list.join(", "))))])
+        self.op1(
+            "vector.shuffle",
+            &[a, b],
+            t,
+            &[("mask", self.attr(&format!("array<i64: {}>", list.join(", "))))],
+        )
     }
     /// Lane `i` of a vector.
     pub fn extract(&self, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
-        self.op1("vector.extract", &[v], self.f32_ty(), &[("static_position", self.attr(&format!("array<i64: {i}>")))])
+        self.op1(
+            "vector.extract",
+            &[v],
+            self.f32_ty(),
+            &[("static_position", self.attr(&format!("array<i64: {i}>")))],
+        )
     }
 
     /// The lane sums of several vectors at once, by a tree of shuffles that folds pairs of
@@ -280,7 +374,10 @@ impl<'c, 'a> Kb<'c, 'a> {
                     hi.extend((s + half..s + seg).map(|i| base + i));
                 }
             }
-            level = level.chunks(2).map(|p| self.addf_fast(self.shuffle(p[0], p[1], &lo), self.shuffle(p[0], p[1], &hi))).collect();
+            level = level
+                .chunks(2)
+                .map(|p| self.addf_fast(self.shuffle(p[0], p[1], &lo), self.shuffle(p[0], p[1], &hi)))
+                .collect();
             seg = half;
         }
         let mut v = level[0];
@@ -429,7 +526,11 @@ impl<'c, 'a> Kb<'c, 'a> {
             DType::F32 => self.load_f32(mem, idx, lanes),
             DType::F16 => {
                 let h = self.load_raw(mem, idx, lanes, "f16");
-                let t = if lanes == 1 { self.f32_ty() } else { self.vec_ty(lanes, "f32") };
+                let t = if lanes == 1 {
+                    self.f32_ty()
+                } else {
+                    self.vec_ty(lanes, "f32")
+                };
                 self.op1("arith.extf", &[h], t, &[])
             }
             DType::BF16 => {
@@ -437,7 +538,11 @@ impl<'c, 'a> Kb<'c, 'a> {
                 let (t16, t32, tf) = if lanes == 1 {
                     (self.ty("i16"), self.ty("i32"), self.f32_ty())
                 } else {
-                    (self.vec_ty(lanes, "i16"), self.vec_ty(lanes, "i32"), self.vec_ty(lanes, "f32"))
+                    (
+                        self.vec_ty(lanes, "i16"),
+                        self.vec_ty(lanes, "i32"),
+                        self.vec_ty(lanes, "f32"),
+                    )
                 };
                 let bits = self.op1("arith.bitcast", &[raw], t16, &[]);
                 let wide = self.op1("arith.extui", &[bits], t32, &[]);
@@ -478,14 +583,25 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn store(&self, value: Value<'c, '_>, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) {
         let mut ops = vec![value, mem];
         ops.extend_from_slice(idx);
-        let name = if value.r#type().is_vector() { "vector.store" } else { "memref.store" };
+        let name = if value.r#type().is_vector() {
+            "vector.store"
+        } else {
+            "memref.store"
+        };
         self.op(name, &ops, &[], &[]);
     }
 
     // ---- control flow ----------------------------------------------------------------------------
 
     /// `scf.for` from `lb` to `ub` by `step`, carrying `inits`; the body returns the next values.
-    pub fn for_range<F>(&self, lb: Value<'c, '_>, ub: Value<'c, '_>, step: Value<'c, '_>, inits: &[Value<'c, '_>], body: F) -> Vec<Value<'c, 'a>>
+    pub fn for_range<F>(
+        &self,
+        lb: Value<'c, '_>,
+        ub: Value<'c, '_>,
+        step: Value<'c, '_>,
+        inits: &[Value<'c, '_>],
+        body: F,
+    ) -> Vec<Value<'c, 'a>>
     where
         F: for<'b> FnOnce(Kb<'c, 'b>, Value<'c, 'b>, Vec<Value<'c, 'b>>) -> Vec<Value<'c, 'b>>,
     {
@@ -493,11 +609,21 @@ impl<'c, 'a> Kb<'c, 'a> {
         args.extend(inits.iter().map(|v| (v.r#type(), self.loc)));
         let block = Block::new(&args);
         {
-            let inner = Kb { ctx: self.ctx, loc: self.loc, blk: &block };
+            let inner = Kb {
+                ctx: self.ctx,
+                loc: self.loc,
+                blk: &block,
+            };
             let iv: Value = block.argument(0).expect("induction variable").into();
-            let carried: Vec<Value> = (1..args.len()).map(|i| block.argument(i).expect("iter arg").into()).collect();
+            let carried: Vec<Value> = (1..args.len())
+                .map(|i| block.argument(i).expect("iter arg").into())
+                .collect();
             let next = body(inner, iv, carried);
-            assert_eq!(next.len(), inits.len(), "scf.for body must yield one value per carried value");
+            assert_eq!(
+                next.len(),
+                inits.len(),
+                "scf.for body must yield one value per carried value"
+            );
             inner.op("scf.yield", &next, &[], &[]);
         }
         let region = Region::new();
@@ -533,7 +659,11 @@ impl<'c, 'a> Kb<'c, 'a> {
     {
         let block = Block::new(&[]);
         {
-            let inner = Kb { ctx: self.ctx, loc: self.loc, blk: &block };
+            let inner = Kb {
+                ctx: self.ctx,
+                loc: self.loc,
+                blk: &block,
+            };
             then(inner);
             inner.op("scf.yield", &[], &[], &[]);
         }
@@ -551,7 +681,13 @@ impl<'c, 'a> Kb<'c, 'a> {
 /// Builds `func.func @name(args) -> ()` whose body is written by `body`, marked public (the
 /// exported kernel) or private (a helper that must not clash between separately compiled
 /// objects).
-pub fn build_func<'c, F>(ctx: &'c Context, name: &str, arg_types: &[Type<'c>], public: bool, body: F) -> melior::ir::Operation<'c>
+pub fn build_func<'c, F>(
+    ctx: &'c Context,
+    name: &str,
+    arg_types: &[Type<'c>],
+    public: bool,
+    body: F,
+) -> melior::ir::Operation<'c>
 where
     F: for<'b> FnOnce(Kb<'c, 'b>, Vec<Value<'c, 'b>>),
 {
@@ -559,7 +695,9 @@ where
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     {
         let b = Kb { ctx, loc, blk: &block };
-        let args: Vec<Value> = (0..arg_types.len()).map(|i| block.argument(i).expect("argument").into()).collect();
+        let args: Vec<Value> = (0..arg_types.len())
+            .map(|i| block.argument(i).expect("argument").into())
+            .collect();
         body(b, args);
         b.op("func.return", &[], &[], &[]);
     }
@@ -568,11 +706,17 @@ where
     let inputs: Vec<String> = arg_types.iter().map(|t| t.to_string()).collect();
     let fty = Type::parse(ctx, &format!("({}) -> ()", inputs.join(", "))).expect("function type");
     let mut attrs = vec![
-        (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{name}\"")).expect("symbol name")),
+        (
+            Identifier::new(ctx, "sym_name"),
+            Attribute::parse(ctx, &format!("\"{name}\"")).expect("symbol name"),
+        ),
         (Identifier::new(ctx, "function_type"), TypeAttribute::new(fty).into()),
     ];
     if !public {
-        attrs.push((Identifier::new(ctx, "sym_visibility"), Attribute::parse(ctx, "\"private\"").expect("visibility")));
+        attrs.push((
+            Identifier::new(ctx, "sym_visibility"),
+            Attribute::parse(ctx, "\"private\"").expect("visibility"),
+        ));
     }
     OperationBuilder::new("func.func", loc)
         .add_attributes(&attrs)
@@ -584,7 +728,10 @@ where
 /// Lanes of a `vector<Nxf32>` value (1 for a scalar).
 fn lanes_of(v: Value<'_, '_>) -> usize {
     let ty = v.r#type().to_string();
-    ty.strip_prefix("vector<").and_then(|rest| rest.split('x').next()).and_then(|n| n.parse().ok()).unwrap_or(1)
+    ty.strip_prefix("vector<")
+        .and_then(|rest| rest.split('x').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
 }
 
 /// Element type of a vector value (`f32`, `i8`, ...), or the type itself for a scalar.

@@ -93,7 +93,10 @@ pub enum CompileError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CompileError + '_ {
-    move |source| CompileError::Io { path: path.to_path_buf(), source }
+    move |source| CompileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// The kernels a library for `spec` exports, in emission order.
@@ -148,7 +151,9 @@ pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
     for dir in [req.emit_mlir, req.emit_asm].into_iter().flatten() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
-    let threads = req.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = req
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .stack_size(COMPILER_STACK_BYTES)
@@ -192,11 +197,21 @@ pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
 }
 
 /// Emits, lowers and generates code for one kernel (or the ABI module), writing its object.
-fn compile_one(kernel: Option<&Kernel>, req: &CompileRequest, host: &HostTarget, objects_dir: &Path) -> Result<(KernelReport, PathBuf), CompileError> {
+fn compile_one(
+    kernel: Option<&Kernel>,
+    req: &CompileRequest,
+    host: &HostTarget,
+    objects_dir: &Path,
+) -> Result<(KernelReport, PathBuf), CompileError> {
     let t0 = Instant::now();
-    let symbol = kernel.map(|k| k.symbol()).unwrap_or_else(|| kiln_spec::abi::ABI_VERSION_SYMBOL.to_string());
+    let symbol = kernel
+        .map(|k| k.symbol())
+        .unwrap_or_else(|| kiln_spec::abi::ABI_VERSION_SYMBOL.to_string());
     let family = kernel.map(|k| k.family()).unwrap_or("abi");
-    let fail = |message: String| CompileError::Kernel { symbol: symbol.clone(), message };
+    let fail = |message: String| CompileError::Kernel {
+        symbol: symbol.clone(),
+        message,
+    };
     let ctx = new_context();
     let diagnostics = RefCell::new(Vec::<String>::new());
     let handler = ctx.attach_diagnostic_handler(|d| {
@@ -212,7 +227,10 @@ fn compile_one(kernel: Option<&Kernel>, req: &CompileRequest, host: &HostTarget,
         std::fs::write(&path, module.as_operation().to_string()).map_err(io_err(&path))?;
     }
     if !module.as_operation().verify() {
-        return Err(fail(format!("emitted MLIR does not verify: {}", diagnostics.borrow().join("; "))));
+        return Err(fail(format!(
+            "emitted MLIR does not verify: {}",
+            diagnostics.borrow().join("; ")
+        )));
     }
     lower::lower_to_llvm(&ctx, &mut module).map_err(|e| fail(format!("{e}: {}", diagnostics.borrow().join("; "))))?;
     let tm = llvm::TargetMachine::new(host, req.options.f32_lanes * 32).map_err(&fail)?;
@@ -224,7 +242,15 @@ fn compile_one(kernel: Option<&Kernel>, req: &CompileRequest, host: &HostTarget,
     }
     let object = objects_dir.join(format!("{symbol}.o"));
     std::fs::write(&object, &out.object).map_err(io_err(&object))?;
-    Ok((KernelReport { symbol, family, seconds: t0.elapsed().as_secs_f64(), object_bytes: out.object.len() }, object))
+    Ok((
+        KernelReport {
+            symbol,
+            family,
+            seconds: t0.elapsed().as_secs_f64(),
+            object_bytes: out.object.len(),
+        },
+        object,
+    ))
 }
 
 static REGISTER_PASSES: Once = Once::new();

@@ -29,5 +29,9 @@ pub fn link_shared(objects: &[PathBuf], out: &Path) -> Result<(), String> {
             Err(e) => tried.push(format!("{driver} ({e})")),
         }
     }
-    Err(format!("no C linker driver found to link {} (tried {}); install gcc or set KILN_LINKER", out.display(), tried.join(", ")))
+    Err(format!(
+        "no C linker driver found to link {} (tried {}); install gcc or set KILN_LINKER",
+        out.display(),
+        tried.join(", ")
+    ))
 }

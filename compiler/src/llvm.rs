@@ -48,7 +48,12 @@ unsafe extern "C" {
     fn LLVMSetTarget(module: LLVMModuleRef, triple: *const c_char);
     fn LLVMCreatePassBuilderOptions() -> LLVMPassBuilderOptionsRef;
     fn LLVMDisposePassBuilderOptions(options: LLVMPassBuilderOptionsRef);
-    fn LLVMRunPasses(module: LLVMModuleRef, passes: *const c_char, tm: LLVMTargetMachineRef, options: LLVMPassBuilderOptionsRef) -> LLVMErrorRef;
+    fn LLVMRunPasses(
+        module: LLVMModuleRef,
+        passes: *const c_char,
+        tm: LLVMTargetMachineRef,
+        options: LLVMPassBuilderOptionsRef,
+    ) -> LLVMErrorRef;
     fn LLVMGetErrorMessage(error: LLVMErrorRef) -> *mut c_char;
     fn LLVMDisposeErrorMessage(message: *mut c_char);
     fn LLVMTargetMachineEmitToMemoryBuffer(
@@ -66,7 +71,13 @@ unsafe extern "C" {
     fn LLVMDisposeModule(module: LLVMModuleRef);
     fn LLVMGetFirstFunction(module: LLVMModuleRef) -> LLVMValueRef;
     fn LLVMGetNextFunction(function: LLVMValueRef) -> LLVMValueRef;
-    fn LLVMCreateStringAttribute(context: LLVMContextRef, key: *const c_char, key_len: u32, value: *const c_char, value_len: u32) -> LLVMAttributeRef;
+    fn LLVMCreateStringAttribute(
+        context: LLVMContextRef,
+        key: *const c_char,
+        key_len: u32,
+        value: *const c_char,
+        value_len: u32,
+    ) -> LLVMAttributeRef;
     fn LLVMAddAttributeAtIndex(function: LLVMValueRef, index: u32, attribute: LLVMAttributeRef);
     fn LLVMIsDeclaration(global: LLVMValueRef) -> i32;
 }
@@ -137,8 +148,18 @@ impl HostTarget {
     pub fn detect() -> HostTarget {
         init_native_target();
         // SAFETY: these return newly allocated strings that `take_message` frees.
-        let (triple, cpu, features) = unsafe { (LLVMGetDefaultTargetTriple(), LLVMGetHostCPUName(), LLVMGetHostCPUFeatures()) };
-        HostTarget { triple: take_message(triple), cpu: take_message(cpu), features: take_message(features) }
+        let (triple, cpu, features) = unsafe {
+            (
+                LLVMGetDefaultTargetTriple(),
+                LLVMGetHostCPUName(),
+                LLVMGetHostCPUFeatures(),
+            )
+        };
+        HostTarget {
+            triple: take_message(triple),
+            cpu: take_message(cpu),
+            features: take_message(features),
+        }
     }
 }
 
@@ -172,12 +193,27 @@ impl TargetMachine {
         }
         // SAFETY: `target` was returned by LLVM for this triple; the strings outlive the call.
         let tm = unsafe {
-            LLVMCreateTargetMachine(target, triple.as_ptr(), cpu.as_ptr(), features.as_ptr(), CODEGEN_OPT_AGGRESSIVE, RELOC_PIC, CODE_MODEL_DEFAULT)
+            LLVMCreateTargetMachine(
+                target,
+                triple.as_ptr(),
+                cpu.as_ptr(),
+                features.as_ptr(),
+                CODEGEN_OPT_AGGRESSIVE,
+                RELOC_PIC,
+                CODE_MODEL_DEFAULT,
+            )
         };
         if tm.is_null() {
-            return Err(format!("LLVM could not create a target machine for {} ({})", host.triple, host.cpu));
+            return Err(format!(
+                "LLVM could not create a target machine for {} ({})",
+                host.triple, host.cpu
+            ));
         }
-        Ok(TargetMachine { tm, triple, vector_bits })
+        Ok(TargetMachine {
+            tm,
+            triple,
+            vector_bits,
+        })
     }
 
     /// Translates an MLIR module (already in the LLVM dialect) to LLVM IR, optimises it at O3
@@ -187,7 +223,8 @@ impl TargetMachine {
         // MLIR operation is valid for the duration of the translation call.
         unsafe {
             let ctx = LLVMContextCreate();
-            let llmod = mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), ctx as _) as LLVMModuleRef;
+            let llmod =
+                mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), ctx as _) as LLVMModuleRef;
             if llmod.is_null() {
                 LLVMContextDispose(ctx);
                 return Err("translation from the MLIR LLVM dialect to LLVM IR failed".into());
@@ -201,7 +238,12 @@ impl TargetMachine {
 
     /// # Safety
     /// `ctx` and `llmod` must be a live LLVM context and a module created in it.
-    unsafe fn optimise_and_emit(&self, ctx: LLVMContextRef, llmod: LLVMModuleRef, want_asm: bool) -> Result<CodegenOutput, String> {
+    unsafe fn optimise_and_emit(
+        &self,
+        ctx: LLVMContextRef,
+        llmod: LLVMModuleRef,
+        want_asm: bool,
+    ) -> Result<CodegenOutput, String> {
         // SAFETY: (whole body) all handles are live per the function contract; every buffer and
         // message LLVM returns is released before returning.
         unsafe {
@@ -221,7 +263,11 @@ impl TargetMachine {
                 return Err(format!("LLVM optimisation failed: {text}"));
             }
             let object = self.emit(llmod, FILE_OBJECT)?;
-            let assembly = if want_asm { Some(String::from_utf8_lossy(&self.emit(llmod, FILE_ASSEMBLY)?).into_owned()) } else { None };
+            let assembly = if want_asm {
+                Some(String::from_utf8_lossy(&self.emit(llmod, FILE_ASSEMBLY)?).into_owned())
+            } else {
+                None
+            };
             Ok(CodegenOutput { object, assembly })
         }
     }
@@ -236,7 +282,8 @@ impl TargetMachine {
             if LLVMTargetMachineEmitToMemoryBuffer(self.tm, llmod, file_type, &mut err, &mut buffer) != 0 {
                 return Err(format!("LLVM code generation failed: {}", take_message(err)));
             }
-            let bytes = std::slice::from_raw_parts(LLVMGetBufferStart(buffer) as *const u8, LLVMGetBufferSize(buffer)).to_vec();
+            let bytes =
+                std::slice::from_raw_parts(LLVMGetBufferStart(buffer) as *const u8, LLVMGetBufferSize(buffer)).to_vec();
             LLVMDisposeMemoryBuffer(buffer);
             Ok(bytes)
         }
@@ -248,7 +295,10 @@ impl TargetMachine {
     /// `ctx` and `llmod` must be live.
     unsafe fn set_vector_width(&self, ctx: LLVMContextRef, llmod: LLVMModuleRef) {
         let width = self.vector_bits.to_string();
-        let attrs = [("min-legal-vector-width", width.as_str()), ("prefer-vector-width", width.as_str())];
+        let attrs = [
+            ("min-legal-vector-width", width.as_str()),
+            ("prefer-vector-width", width.as_str()),
+        ];
         // SAFETY: iterating the module's function list and attaching string attributes created
         // in the module's own context.
         unsafe {
@@ -256,7 +306,13 @@ impl TargetMachine {
             while !f.is_null() {
                 if LLVMIsDeclaration(f) == 0 {
                     for (k, v) in attrs {
-                        let a = LLVMCreateStringAttribute(ctx, k.as_ptr() as _, k.len() as u32, v.as_ptr() as _, v.len() as u32);
+                        let a = LLVMCreateStringAttribute(
+                            ctx,
+                            k.as_ptr() as _,
+                            k.len() as u32,
+                            v.as_ptr() as _,
+                            v.len() as u32,
+                        );
                         LLVMAddAttributeAtIndex(f, FUNCTION_INDEX, a);
                     }
                 }

@@ -27,6 +27,8 @@ pub const PIPELINE: &str = "builtin.module(\
 /// Lowers `module` in place to the LLVM dialect.
 pub fn lower_to_llvm(ctx: &Context, module: &mut Module) -> Result<(), String> {
     let pm = PassManager::new(ctx);
-    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), PIPELINE).map_err(|e| format!("invalid pass pipeline: {e}"))?;
-    pm.run(module).map_err(|e| format!("lowering to the LLVM dialect failed: {e}"))
+    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), PIPELINE)
+        .map_err(|e| format!("invalid pass pipeline: {e}"))?;
+    pm.run(module)
+        .map_err(|e| format!("lowering to the LLVM dialect failed: {e}"))
 }

@@ -35,7 +35,10 @@ fn spec(qk_norm: bool, window: Option<usize>) -> ModelSpec {
         vocab_size: VOCAB,
         max_position_embeddings: CTX,
         rms_norm_eps: 1e-6,
-        rope: Rope { theta: 10000.0, scaling: RopeScaling::None },
+        rope: Rope {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        },
         tie_word_embeddings: true,
         attention_bias: true,
         o_bias: false,
@@ -43,7 +46,16 @@ fn spec(qk_norm: bool, window: Option<usize>) -> ModelSpec {
         embed_dtype: DType::BF16,
         final_norm_dtype: DType::F32,
         lm_head_dtype: DType::BF16,
-        layers: vec![LayerSpec { sliding_window: None, dtypes: l0 }, LayerSpec { sliding_window: window, dtypes: l1 }],
+        layers: vec![
+            LayerSpec {
+                sliding_window: None,
+                dtypes: l0,
+            },
+            LayerSpec {
+                sliding_window: window,
+                dtypes: l1,
+            },
+        ],
     }
 }
 
@@ -60,7 +72,10 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
     let cell = if qk_norm { &QK } else { &PLAIN };
     cell.get_or_init(|| {
         let spec = spec(qk_norm, Some(5));
-        let options = CompileOptions { prefill_rows: ROWS, f32_lanes: HostCpu::detect().f32_lanes() };
+        let options = CompileOptions {
+            prefill_rows: ROWS,
+            f32_lanes: HostCpu::detect().f32_lanes(),
+        };
         let dir = tempfile::tempdir().unwrap();
         let kernels = kernel_list(&spec, &options);
         let report = compile(&CompileRequest {
@@ -76,13 +91,21 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
         .expect("test spec compiles");
         // SAFETY: the library was just produced by the compiler and exports the ABI.
         let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
-        Compiled { kernels, _dir: dir, lib }
+        Compiled {
+            kernels,
+            _dir: dir,
+            lib,
+        }
     })
 }
 
 impl Compiled {
     fn find(&self, pred: impl Fn(&Kernel) -> bool) -> Kernel {
-        self.kernels.iter().find(|k| pred(k)).cloned().expect("kernel in the set")
+        self.kernels
+            .iter()
+            .find(|k| pred(k))
+            .cloned()
+            .expect("kernel in the set")
     }
     /// Calls a kernel once per thread id, in turn (threads only partition the work).
     fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
@@ -92,7 +115,20 @@ impl Compiled {
         unsafe {
             let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
             for tid in 0..nth {
-                f(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], rows as i64, pos as i64, tid as i64, nth as i64);
+                f(
+                    p[0],
+                    p[1],
+                    p[2],
+                    p[3],
+                    p[4],
+                    p[5],
+                    p[6],
+                    p[7],
+                    rows as i64,
+                    pos as i64,
+                    tid as i64,
+                    nth as i64,
+                );
             }
         }
     }
@@ -118,7 +154,10 @@ fn weights(rng: &mut Rng, n: usize, dtype: DType) -> (Vec<u8>, Vec<f32>) {
         DType::F32 => (vals.iter().flat_map(|v| v.to_le_bytes()).collect(), vals),
         DType::BF16 => {
             let bits: Vec<u16> = vals.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-            (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect())
+            (
+                bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+                bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect(),
+            )
         }
         DType::F16 => {
             // Values in [-1, 1) with 10 mantissa bits survive f16 exactly after this rounding.
@@ -154,7 +193,10 @@ fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (*g as f64 - w).abs();
-        assert!(err <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w} (|err| {err:e})");
+        assert!(
+            err <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w} (|err| {err:e})"
+        );
     }
 }
 
@@ -162,11 +204,26 @@ fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
 fn matmul_all_dtypes_prefill_and_decode() {
     let c = compiled(false);
     let mut rng = Rng(0x1234_5678);
-    let matmuls: Vec<Kernel> = c.kernels.iter().filter(|k| matches!(k, Kernel::MatMul { .. })).cloned().collect();
+    let matmuls: Vec<Kernel> = c
+        .kernels
+        .iter()
+        .filter(|k| matches!(k, Kernel::MatMul { .. }))
+        .cloned()
+        .collect();
     assert!(matmuls.len() >= 6, "expected several matmul variants");
     let mut seen = std::collections::HashSet::new();
     for k in &matmuls {
-        let Kernel::MatMul { n, k: kk, wdtype, bias, accumulate, max_rows } = *k else { unreachable!() };
+        let Kernel::MatMul {
+            n,
+            k: kk,
+            wdtype,
+            bias,
+            accumulate,
+            max_rows,
+        } = *k
+        else {
+            unreachable!()
+        };
         seen.insert(wdtype);
         for (rows, nth) in [(max_rows, 1), (max_rows.min(3), 2), (1, 3)] {
             if rows > max_rows {
@@ -196,7 +253,12 @@ fn matmul_all_dtypes_prefill_and_decode() {
                 }
             }
             assert_close(&y[..rows * n], &want, 1e-5, &k.symbol());
-            assert_eq!(&y[rows * n..], &y0[rows * n..], "{}: rows past `rows` must be untouched", k.symbol());
+            assert_eq!(
+                &y[rows * n..],
+                &y0[rows * n..],
+                "{}: rows past `rows` must be untouched",
+                k.symbol()
+            );
         }
     }
     assert_eq!(seen.len(), 3, "bf16, f16 and f32 weights all exercised");
@@ -237,7 +299,9 @@ fn rmsnorm_embed_and_silu() {
         let mut u = rng.vec(max_rows * I);
         let g0 = g.clone();
         c.call(&k, &[ptr(&mut g), ptr(&mut u)], rows, 0, 2);
-        let want: Vec<f64> = (0..rows * I).map(|i| g0[i] as f64 / (1.0 + (-(g0[i] as f64)).exp()) * u[i] as f64).collect();
+        let want: Vec<f64> = (0..rows * I)
+            .map(|i| g0[i] as f64 / (1.0 + (-(g0[i] as f64)).exp()) * u[i] as f64)
+            .collect();
         assert_close(&g[..rows * I], &want, 1e-6, "silu_mul");
     }
 }
@@ -251,7 +315,11 @@ fn rope_ref(x: &mut [f64], pos: usize, norm: Option<&[f32]>) {
             *v = *v * inv * *w as f64;
         }
     }
-    let inv_freq = Rope { theta: 10000.0, scaling: RopeScaling::None }.inv_freq(D);
+    let inv_freq = Rope {
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+    }
+    .inv_freq(D);
     for i in 0..D / 2 {
         let a = (pos as f32 * inv_freq[i]) as f64;
         let (x1, x2) = (x[i], x[i + D / 2]);
@@ -309,13 +377,21 @@ fn attention_causal_gqa_and_sliding_window() {
     let mut rng = Rng(99);
     for window in [None, Some(5)] {
         for max_rows in [ROWS, 1] {
-            let k = c.find(|k| matches!(k, Kernel::Attention { max_rows: m, window: w, .. } if *m == max_rows && *w == window));
+            let k = c.find(
+                |k| matches!(k, Kernel::Attention { max_rows: m, window: w, .. } if *m == max_rows && *w == window),
+            );
             let (rows, pos) = (max_rows.min(7), 11);
             let mut q = rng.vec(max_rows * HEADS * D);
             let mut kc = rng.vec(CTX * KV * D);
             let mut vc = rng.vec(CTX * KV * D);
             let mut out = vec![0f32; max_rows * HEADS * D];
-            c.call(&k, &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out)], rows, pos, 2);
+            c.call(
+                &k,
+                &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out)],
+                rows,
+                pos,
+                2,
+            );
             let scale = 1.0 / (D as f64).sqrt();
             for r in 0..rows {
                 let p = pos + r;
@@ -324,13 +400,23 @@ fn attention_causal_gqa_and_sliding_window() {
                     let g = h / (HEADS / KV);
                     let qs = &q[r * HEADS * D + h * D..][..D];
                     let scores: Vec<f64> = (first..=p)
-                        .map(|j| (0..D).map(|i| qs[i] as f64 * kc[j * KV * D + g * D + i] as f64).sum::<f64>() * scale)
+                        .map(|j| {
+                            (0..D)
+                                .map(|i| qs[i] as f64 * kc[j * KV * D + g * D + i] as f64)
+                                .sum::<f64>()
+                                * scale
+                        })
                         .collect();
                     let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let z: f64 = e.iter().sum();
                     let want: Vec<f64> = (0..D)
-                        .map(|i| (first..=p).zip(&e).map(|(j, w)| w / z * vc[j * KV * D + g * D + i] as f64).sum())
+                        .map(|i| {
+                            (first..=p)
+                                .zip(&e)
+                                .map(|(j, w)| w / z * vc[j * KV * D + g * D + i] as f64)
+                                .sum()
+                        })
                         .collect();
                     assert_close(&out[r * HEADS * D + h * D..][..D], &want, 1e-5, "attention");
                 }

@@ -99,7 +99,17 @@ impl Buffers {
             row_bytes.insert(b, row);
             bufs.insert(b, AlignedBuf::zeroed(row * rows));
         };
-        for b in [Buf::Tokens, Buf::X, Buf::Xn, Buf::Q, Buf::K, Buf::V, Buf::Attn, Buf::Gate, Buf::Up] {
+        for b in [
+            Buf::Tokens,
+            Buf::X,
+            Buf::Xn,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Attn,
+            Buf::Gate,
+            Buf::Up,
+        ] {
             add(b, block_rows);
         }
         add(Buf::Logits, 1);
@@ -107,7 +117,12 @@ impl Buffers {
             add(Buf::KCache(l), ctx);
             add(Buf::VCache(l), ctx);
         }
-        Buffers { bufs, row_bytes, block_rows, ctx }
+        Buffers {
+            bufs,
+            row_bytes,
+            block_rows,
+            ctx,
+        }
     }
 
     pub fn get(&self, b: Buf) -> &AlignedBuf {
@@ -121,6 +136,10 @@ impl Buffers {
     }
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
-        self.bufs.iter().filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_))).map(|(_, v)| v.bytes()).sum()
+        self.bufs
+            .iter()
+            .filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_)))
+            .map(|(_, v)| v.bytes())
+            .sum()
     }
 }

@@ -32,7 +32,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { threads: None, ctx: None, pin: true, profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1") }
+        EngineConfig {
+            threads: None,
+            ctx: None,
+            pin: true,
+            profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1"),
+        }
     }
 }
 
@@ -102,13 +107,31 @@ impl Engine {
         let bufs = Buffers::new(spec, block_rows, ctx);
         let cores = physical_cores();
         let threads = config.threads.unwrap_or(cores.len()).max(1);
-        let pool = Pool::new(threads, (config.pin && threads <= cores.len()).then(|| &cores[..threads]));
+        let pool = Pool::new(
+            threads,
+            (config.pin && threads <= cores.len()).then(|| &cores[..threads]),
+        );
 
         let build = |g: &graph::Graph| build_plan(g, &library, &bufs, weights.as_ref(), config.profile);
         let head = graph::head_graph(spec);
-        let prefill = Plans { block: build(&graph::block_graph(spec, block_rows))?, head: build(&head)? };
-        let decode = Plans { block: build(&graph::block_graph(spec, 1))?, head: build(&head)? };
-        Ok(Engine { spec: spec.clone(), pool, prefill, decode, bufs, pos: 0, weights, library })
+        let prefill = Plans {
+            block: build(&graph::block_graph(spec, block_rows))?,
+            head: build(&head)?,
+        };
+        let decode = Plans {
+            block: build(&graph::block_graph(spec, 1))?,
+            head: build(&head)?,
+        };
+        Ok(Engine {
+            spec: spec.clone(),
+            pool,
+            prefill,
+            decode,
+            bufs,
+            pos: 0,
+            weights,
+            library,
+        })
     }
 
     /// Prefills `tokens` like [`Engine::prefill`] but one layer at a time, returning the
@@ -175,10 +198,17 @@ impl Engine {
             return Err(EngineError::Empty);
         }
         if self.pos + tokens.len() > self.bufs.ctx {
-            return Err(EngineError::ContextFull { tokens: tokens.len(), pos: self.pos, ctx: self.bufs.ctx });
+            return Err(EngineError::ContextFull {
+                tokens: tokens.len(),
+                pos: self.pos,
+                ctx: self.bufs.ctx,
+            });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.spec.vocab_size) {
-            return Err(EngineError::BadToken { id, vocab: self.spec.vocab_size });
+            return Err(EngineError::BadToken {
+                id,
+                vocab: self.spec.vocab_size,
+            });
         }
         Ok(())
     }
@@ -235,17 +265,31 @@ impl Engine {
             .into_iter()
             .filter_map(|(name, plan, graph)| {
                 let t = plan.times()?;
-                Some(PlanProfile { name, runs: t.runs(), rows: t.rows(), nodes: graph.steps.into_iter().zip(t.nodes()).collect() })
+                Some(PlanProfile {
+                    name,
+                    runs: t.runs(),
+                    rows: t.rows(),
+                    nodes: graph.steps.into_iter().zip(t.nodes()).collect(),
+                })
             })
             .collect()
     }
 }
 
 /// Binds `graph` to the library's kernels, the engine's buffers and the weights.
-fn build_plan(graph: &graph::Graph, library: &KernelLibrary, bufs: &Buffers, weights: &dyn WeightSource, profile: bool) -> Result<Plan, EngineError> {
+fn build_plan(
+    graph: &graph::Graph,
+    library: &KernelLibrary,
+    bufs: &Buffers,
+    weights: &dyn WeightSource,
+    profile: bool,
+) -> Result<Plan, EngineError> {
     let resolve = |arg: &Arg| -> Result<Resolved, String> {
         match *arg {
-            Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer { base: bufs.get(b).as_ptr(), row_bytes: bufs.row_bytes(b) }),
+            Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer {
+                base: bufs.get(b).as_ptr(),
+                row_bytes: bufs.row_bytes(b),
+            }),
             Arg::Weight(id) => weights.weight_ptr(id).map(Resolved::Weight),
         }
     };

@@ -29,16 +29,26 @@ impl KernelLibrary {
     pub fn open(path: &Path, kernels: &[Kernel]) -> Result<KernelLibrary, LibraryError> {
         // SAFETY: loading a library runs its initialisers; Kiln's libraries are produced by its
         // own compiler and contain no initialisers beyond the C runtime's.
-        let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| LibraryError::Open { path: path.to_path_buf(), message: e.to_string() })?;
-        let missing = |symbol: &str| LibraryError::MissingSymbol { path: path.to_path_buf(), symbol: symbol.to_string() };
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| LibraryError::Open {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let missing = |symbol: &str| LibraryError::MissingSymbol {
+            path: path.to_path_buf(),
+            symbol: symbol.to_string(),
+        };
         // SAFETY: the symbol is declared by the ABI with this exact signature.
         let version = unsafe {
-            let f: libloading::Symbol<AbiVersionFn> = lib.get(ABI_VERSION_SYMBOL.as_bytes()).map_err(|_| missing(ABI_VERSION_SYMBOL))?;
+            let f: libloading::Symbol<AbiVersionFn> = lib
+                .get(ABI_VERSION_SYMBOL.as_bytes())
+                .map_err(|_| missing(ABI_VERSION_SYMBOL))?;
             f()
         };
         if version != ABI_VERSION {
-            return Err(LibraryError::AbiMismatch { path: path.to_path_buf(), found: version });
+            return Err(LibraryError::AbiMismatch {
+                path: path.to_path_buf(),
+                found: version,
+            });
         }
         let mut symbols = HashMap::new();
         for kernel in kernels {
@@ -51,7 +61,11 @@ impl KernelLibrary {
             };
             symbols.insert(kernel.clone(), f);
         }
-        Ok(KernelLibrary { path: path.to_path_buf(), symbols, _lib: lib })
+        Ok(KernelLibrary {
+            path: path.to_path_buf(),
+            symbols,
+            _lib: lib,
+        })
     }
 
     /// The function for `kernel`, which must be one of those bound at open.

@@ -16,7 +16,10 @@ enum Slot {
     Null,
     Fixed(*mut u8),
     /// Row `rows - 1` of a buffer whose rows are `row_bytes` apart.
-    LastRow { base: *mut u8, row_bytes: usize },
+    LastRow {
+        base: *mut u8,
+        row_bytes: usize,
+    },
 }
 
 impl Slot {
@@ -59,7 +62,13 @@ pub struct NodeProfile {
 impl NodeTimes {
     fn new(n: usize) -> NodeTimes {
         let zeros = || (0..n).map(|_| AtomicU64::new(0)).collect();
-        NodeTimes { nanos: zeros(), bytes: zeros(), flops: zeros(), runs: AtomicU64::new(0), rows: AtomicU64::new(0) }
+        NodeTimes {
+            nanos: zeros(),
+            bytes: zeros(),
+            flops: zeros(),
+            runs: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+        }
     }
     pub fn nodes(&self) -> Vec<NodeProfile> {
         (0..self.nanos.len())
@@ -108,9 +117,13 @@ impl Plan {
     ) -> Result<Plan, String> {
         let mut nodes = Vec::with_capacity(graph.steps.len());
         for step in &graph.steps {
-            let f = library
-                .get(&step.kernel)
-                .ok_or_else(|| format!("library {} lacks kernel {}", library.path().display(), step.kernel.symbol()))?;
+            let f = library.get(&step.kernel).ok_or_else(|| {
+                format!(
+                    "library {} lacks kernel {}",
+                    library.path().display(),
+                    step.kernel.symbol()
+                )
+            })?;
             let mut args = [Slot::Null; PTR_ARGS];
             for (slot, arg) in args.iter_mut().zip(&step.args) {
                 *slot = match (arg, resolve(arg)?) {
@@ -119,7 +132,12 @@ impl Plan {
                     (_, Resolved::Weight(p)) => Slot::Fixed(p as *mut u8),
                 };
             }
-            nodes.push(Node { f, args, barrier_before: step.barrier_before, kernel: step.kernel.clone() });
+            nodes.push(Node {
+                f,
+                args,
+                barrier_before: step.barrier_before,
+                kernel: step.kernel.clone(),
+            });
         }
         let times = profile.then(|| NodeTimes::new(nodes.len()));
         Ok(Plan { nodes, times })
@@ -162,7 +180,11 @@ impl Plan {
                 // SAFETY: `f` has the ABI signature; the pointers were resolved for buffers and
                 // weights sized for this plan's kernels, and `rows`/`pos` were checked by the
                 // engine against those sizes.
-                unsafe { (node.f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], rows_i, pos_i, tid as i64, nth) };
+                unsafe {
+                    (node.f)(
+                        a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], rows_i, pos_i, tid as i64, nth,
+                    )
+                };
             }
             if let Some(times) = &self.times {
                 // Every thread meets here so the last node's time includes its slowest thread.

@@ -25,7 +25,11 @@ pub struct Barrier {
 
 impl Barrier {
     fn new(n: usize) -> Barrier {
-        Barrier { n, arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0) }
+        Barrier {
+            n,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
     }
 
     /// Blocks until all `n` threads have called `wait`. Spins, yielding now and then so an
@@ -185,13 +189,19 @@ fn worker_loop(s: &Shared, tid: usize) {
                 // Re-check under the lock: `run` notifies while holding it.
                 let _guard = s
                     .wake
-                    .wait_while(guard, |_| s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire))
+                    .wait_while(guard, |_| {
+                        s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire)
+                    })
                     .expect("pool sleep lock");
                 s.sleepers.fetch_sub(1, Ordering::AcqRel);
             }
         }
         seen = s.epoch.load(Ordering::Acquire);
-        let job = s.job.lock().expect("pool job lock").expect("a job is published with its epoch");
+        let job = s
+            .job
+            .lock()
+            .expect("pool job lock")
+            .expect("a job is published with its epoch");
         // SAFETY: `run` keeps the job alive until this thread increments `finished`.
         unsafe { (*job.0)(tid, &s.barrier) };
         s.finished.fetch_add(1, Ordering::Release);
@@ -220,7 +230,11 @@ pub fn physical_cores() -> Vec<usize> {
     let mut cores = Vec::new();
     for &cpu in &allowed {
         let topo = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
-        let read = |f: &str| std::fs::read_to_string(format!("{topo}/{f}")).ok().map(|s| s.trim().to_string());
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{topo}/{f}"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
         match (read("physical_package_id"), read("core_id")) {
             (Some(pkg), Some(core)) => {
                 if seen.insert((pkg, core)) {
@@ -250,7 +264,9 @@ fn read_allowed_cpus() -> Vec<usize> {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+            return (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
         }
     }
     let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

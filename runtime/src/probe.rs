@@ -45,7 +45,11 @@ impl ProbeResult {
         Self::at(&self.fma_gflop_s, threads)
     }
     fn at(points: &[ProbePoint], threads: usize) -> Option<f64> {
-        points.iter().filter(|p| p.threads <= threads).max_by_key(|p| p.threads).map(|p| p.best)
+        points
+            .iter()
+            .filter(|p| p.threads <= threads)
+            .max_by_key(|p| p.threads)
+            .map(|p| p.best)
     }
 }
 
@@ -53,7 +57,12 @@ impl ProbeResult {
 pub fn probe_kernels(buffer_bytes: usize, f32_lanes: usize) -> (Kernel, Kernel) {
     // Enough independent FMA chains to cover latency on two FMA ports, within the register file.
     let chains = if f32_lanes >= 16 { 24 } else { 12 };
-    (Kernel::ProbeRead { elems: buffer_bytes / 4 }, Kernel::ProbeFma { chains })
+    (
+        Kernel::ProbeRead {
+            elems: buffer_bytes / 4,
+        },
+        Kernel::ProbeFma { chains },
+    )
 }
 
 /// Buffer size for the read probe: at least 1 GiB and four times the last-level cache, so the
@@ -79,17 +88,32 @@ fn parse_size(s: &str) -> Option<usize> {
 
 /// The system's one-minute load average.
 pub fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Runs both probes with the library at `library`, calling `progress` with a line per step.
-pub fn run_probe(library: &Path, buffer_bytes: usize, f32_lanes: usize, passes: usize, progress: &mut dyn FnMut(&str)) -> Result<ProbeResult, LibraryError> {
+pub fn run_probe(
+    library: &Path,
+    buffer_bytes: usize,
+    f32_lanes: usize,
+    passes: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ProbeResult, LibraryError> {
     let (read, fma) = probe_kernels(buffer_bytes, f32_lanes);
     let lib = KernelLibrary::open(library, &[read.clone(), fma.clone()])?;
     let read_fn = lib.get(&read).expect("bound");
     let fma_fn = lib.get(&fma).expect("bound");
     let cores = physical_cores();
-    let mut buf = if std::env::var_os("KILN_PROBE_HUGE").is_some() { AlignedBuf::zeroed_huge(buffer_bytes) } else { AlignedBuf::zeroed(buffer_bytes) };
+    let mut buf = if std::env::var_os("KILN_PROBE_HUGE").is_some() {
+        AlignedBuf::zeroed_huge(buffer_bytes)
+    } else {
+        AlignedBuf::zeroed(buffer_bytes)
+    };
     // Touch every page first so page faults are not measured.
     for (i, v) in buf.f32s_mut(buffer_bytes / 4).iter_mut().enumerate() {
         *v = (i % 1024) as f32 * 1e-3;
@@ -108,7 +132,22 @@ pub fn run_probe(library: &Path, buffer_bytes: usize, f32_lanes: usize, passes: 
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `buf` holds `elems` f32, `sums` 64 x 16 f32.
-                unsafe { read_fn(buf_addr as *mut u8, sums_addr as *mut u8, null(), null(), null(), null(), null(), null(), 1, 0, tid as i64, nth) };
+                unsafe {
+                    read_fn(
+                        buf_addr as *mut u8,
+                        sums_addr as *mut u8,
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        1,
+                        0,
+                        tid as i64,
+                        nth,
+                    )
+                };
             })
         });
         let point = summarise(threads, &times, |t| buffer_bytes as f64 / t / 1e9);
@@ -124,15 +163,41 @@ pub fn run_probe(library: &Path, buffer_bytes: usize, f32_lanes: usize, passes: 
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `sums` holds 64 x 16 f32.
-                unsafe { fma_fn(sums_addr as *mut u8, null(), null(), null(), null(), null(), null(), null(), iterations, 0, tid as i64, nth) };
+                unsafe {
+                    fma_fn(
+                        sums_addr as *mut u8,
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        iterations,
+                        0,
+                        tid as i64,
+                        nth,
+                    )
+                };
             })
         });
         let point = summarise(threads, &times, |t| flops / t / 1e9);
         progress(&format!("fma   {threads} thread(s): {:.1} GFLOP/s", point.best));
         fma_gflop_s.push(point);
     }
-    let unix_time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    Ok(ProbeResult { read_gb_s, fma_gflop_s, buffer_bytes, passes, f32_lanes, unix_time, load_average })
+    let unix_time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(ProbeResult {
+        read_gb_s,
+        fma_gflop_s,
+        buffer_bytes,
+        passes,
+        f32_lanes,
+        unix_time,
+        load_average,
+    })
 }
 
 fn measure(passes: usize, mut f: impl FnMut()) -> Vec<f64> {
@@ -149,7 +214,11 @@ fn measure(passes: usize, mut f: impl FnMut()) -> Vec<f64> {
 fn summarise(threads: usize, times: &[f64], rate: impl Fn(f64) -> f64) -> ProbePoint {
     let mut rates: Vec<f64> = times.iter().map(|&t| rate(t)).collect();
     rates.sort_by(|a, b| a.total_cmp(b));
-    ProbePoint { threads, best: *rates.last().unwrap(), median: rates[rates.len() / 2] }
+    ProbePoint {
+        threads,
+        best: *rates.last().unwrap(),
+        median: rates[rates.len() / 2],
+    }
 }
 
 #[cfg(test)]
@@ -165,7 +234,11 @@ mod tests {
 
     #[test]
     fn lookup_takes_the_closest_lower_thread_count() {
-        let p = |threads, best| ProbePoint { threads, best, median: best };
+        let p = |threads, best| ProbePoint {
+            threads,
+            best,
+            median: best,
+        };
         let r = ProbeResult {
             read_gb_s: vec![p(1, 10.0), p(2, 18.0)],
             fma_gflop_s: vec![p(1, 50.0)],

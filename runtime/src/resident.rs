@@ -33,6 +33,9 @@ impl ResidentWeights {
 
 impl WeightSource for ResidentWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
-        self.bufs.get(&id).map(|b| b.as_ptr() as *const u8).ok_or_else(|| format!("no resident copy of {id}"))
+        self.bufs
+            .get(&id)
+            .map(|b| b.as_ptr() as *const u8)
+            .ok_or_else(|| format!("no resident copy of {id}"))
     }
 }

@@ -29,20 +29,8 @@ pub const PTR_ARGS: usize = 8;
 pub const ABI_VERSION_SYMBOL: &str = "kiln_abi_version";
 
 /// The Rust type of every kernel symbol.
-pub type KernelFn = unsafe extern "C" fn(
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    *mut u8,
-    i64,
-    i64,
-    i64,
-    i64,
-);
+pub type KernelFn =
+    unsafe extern "C" fn(*mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, i64, i64, i64, i64);
 
 /// The Rust type of [`ABI_VERSION_SYMBOL`].
 pub type AbiVersionFn = unsafe extern "C" fn() -> u32;

@@ -41,16 +41,16 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::Q8_0 => 34,  // f16 scale + 32 x i8
-            DType::Q4_0 => 18,  // f16 scale + 16 bytes of nibbles
-            DType::Q4_1 => 20,  // f16 scale + f16 min + 16 bytes of nibbles
-            DType::Q5_0 => 22,  // f16 scale + 4 bytes of high bits + 16 bytes of nibbles
-            DType::Q5_1 => 24,  // f16 scale + f16 min + 4 + 16
-            DType::Q2K => 84,   // 16 scales/mins + 64 quants + f16 d + f16 dmin
-            DType::Q3K => 110,  // 32 hmask + 64 quants + 12 scales + f16 d
-            DType::Q4K => 144,  // f16 d + f16 dmin + 12 scales + 128 quants
-            DType::Q5K => 176,  // f16 d + f16 dmin + 12 scales + 32 high bits + 128 quants
-            DType::Q6K => 210,  // 128 low bits + 64 high bits + 16 scales + f16 d
+            DType::Q8_0 => 34, // f16 scale + 32 x i8
+            DType::Q4_0 => 18, // f16 scale + 16 bytes of nibbles
+            DType::Q4_1 => 20, // f16 scale + f16 min + 16 bytes of nibbles
+            DType::Q5_0 => 22, // f16 scale + 4 bytes of high bits + 16 bytes of nibbles
+            DType::Q5_1 => 24, // f16 scale + f16 min + 4 + 16
+            DType::Q2K => 84,  // 16 scales/mins + 64 quants + f16 d + f16 dmin
+            DType::Q3K => 110, // 32 hmask + 64 quants + 12 scales + f16 d
+            DType::Q4K => 144, // f16 d + f16 dmin + 12 scales + 128 quants
+            DType::Q5K => 176, // f16 d + f16 dmin + 12 scales + 32 high bits + 128 quants
+            DType::Q6K => 210, // 128 low bits + 64 high bits + 16 scales + f16 d
         }
     }
 

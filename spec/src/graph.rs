@@ -85,8 +85,19 @@ pub struct Graph {
 
 impl Graph {
     fn push(&mut self, kernel: Kernel, args: Vec<Arg>, layer: Option<usize>) {
-        assert_eq!(kernel.arg_count(), args.len(), "{} takes {} pointer arguments", kernel.family(), kernel.arg_count());
-        self.steps.push(Step { kernel, args, barrier_before: false, layer });
+        assert_eq!(
+            kernel.arg_count(),
+            args.len(),
+            "{} takes {} pointer arguments",
+            kernel.family(),
+            kernel.arg_count()
+        );
+        self.steps.push(Step {
+            kernel,
+            args,
+            barrier_before: false,
+            layer,
+        });
     }
 
     /// Marks the barriers from each step's read and write sets (RAW, WAR and WAW hazards on
@@ -95,9 +106,15 @@ impl Graph {
         let mut written: BTreeSet<Buf> = BTreeSet::new();
         let mut read: BTreeSet<Buf> = BTreeSet::new();
         for step in &mut self.steps {
-            let writes: BTreeSet<Buf> = step.kernel.written_args().iter().filter_map(|&i| step.args[i].buf()).collect();
+            let writes: BTreeSet<Buf> = step
+                .kernel
+                .written_args()
+                .iter()
+                .filter_map(|&i| step.args[i].buf())
+                .collect();
             let reads: BTreeSet<Buf> = step.args.iter().filter_map(|a| a.buf()).collect();
-            let hazard = reads.iter().any(|b| written.contains(b)) || writes.iter().any(|b| read.contains(b) || written.contains(b));
+            let hazard = reads.iter().any(|b| written.contains(b))
+                || writes.iter().any(|b| read.contains(b) || written.contains(b));
             if hazard {
                 step.barrier_before = true;
                 written.clear();
@@ -124,7 +141,12 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
     let h = spec.hidden_size;
     let eps = F32Bits::new(spec.rms_norm_eps);
     g.push(
-        Kernel::Embed { vocab: spec.vocab_size, hidden: h, dtype: spec.embed_dtype, max_rows },
+        Kernel::Embed {
+            vocab: spec.vocab_size,
+            hidden: h,
+            dtype: spec.embed_dtype,
+            max_rows,
+        },
         vec![Arg::Buf(Buf::Tokens), Arg::Weight(WeightId::Embed), Arg::Buf(Buf::X)],
         None,
     );
@@ -134,7 +156,12 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
         let w = |lw| Arg::Weight(WeightId::Layer(l, lw));
         let at = Some(l);
         g.push(
-            Kernel::RmsNorm { dim: h, eps, wdtype: d.attn_norm, max_rows },
+            Kernel::RmsNorm {
+                dim: h,
+                eps,
+                wdtype: d.attn_norm,
+                max_rows,
+            },
             vec![Arg::Buf(Buf::X), w(LayerWeight::AttnNorm), Arg::Buf(Buf::Xn)],
             at,
         );
@@ -148,7 +175,18 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
             if bias.is_some() {
                 args.push(w(lb));
             }
-            g.push(Kernel::MatMul { n, k: h, wdtype, bias, accumulate: false, max_rows }, args, at);
+            g.push(
+                Kernel::MatMul {
+                    n,
+                    k: h,
+                    wdtype,
+                    bias,
+                    accumulate: false,
+                    max_rows,
+                },
+                args,
+                at,
+            );
         }
         let qk_norm = match (d.q_norm, d.k_norm) {
             (Some(q_dtype), Some(k_dtype)) => Some(QkNorm { q_dtype, k_dtype, eps }),
@@ -187,7 +225,12 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
                 ctx,
                 max_rows,
             },
-            vec![Arg::Buf(Buf::Q), Arg::Buf(Buf::KCache(l)), Arg::Buf(Buf::VCache(l)), Arg::Buf(Buf::Attn)],
+            vec![
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Attn),
+            ],
             at,
         );
         let mut args = vec![Arg::Buf(Buf::Attn), w(LayerWeight::O), Arg::Buf(Buf::X)];
@@ -195,26 +238,56 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
             args.push(w(LayerWeight::OBias));
         }
         g.push(
-            Kernel::MatMul { n: h, k: spec.q_dim(), wdtype: d.o, bias: d.o_bias, accumulate: true, max_rows },
+            Kernel::MatMul {
+                n: h,
+                k: spec.q_dim(),
+                wdtype: d.o,
+                bias: d.o_bias,
+                accumulate: true,
+                max_rows,
+            },
             args,
             at,
         );
         g.push(
-            Kernel::RmsNorm { dim: h, eps, wdtype: d.mlp_norm, max_rows },
+            Kernel::RmsNorm {
+                dim: h,
+                eps,
+                wdtype: d.mlp_norm,
+                max_rows,
+            },
             vec![Arg::Buf(Buf::X), w(LayerWeight::MlpNorm), Arg::Buf(Buf::Xn)],
             at,
         );
         let i = spec.intermediate_size;
         for (lw, wdtype, out) in [(LayerWeight::Gate, d.gate, Buf::Gate), (LayerWeight::Up, d.up, Buf::Up)] {
             g.push(
-                Kernel::MatMul { n: i, k: h, wdtype, bias: None, accumulate: false, max_rows },
+                Kernel::MatMul {
+                    n: i,
+                    k: h,
+                    wdtype,
+                    bias: None,
+                    accumulate: false,
+                    max_rows,
+                },
                 vec![Arg::Buf(Buf::Xn), w(lw), Arg::Buf(out)],
                 at,
             );
         }
-        g.push(Kernel::SiluMul { dim: i, max_rows }, vec![Arg::Buf(Buf::Gate), Arg::Buf(Buf::Up)], at);
         g.push(
-            Kernel::MatMul { n: h, k: i, wdtype: d.down, bias: None, accumulate: true, max_rows },
+            Kernel::SiluMul { dim: i, max_rows },
+            vec![Arg::Buf(Buf::Gate), Arg::Buf(Buf::Up)],
+            at,
+        );
+        g.push(
+            Kernel::MatMul {
+                n: h,
+                k: i,
+                wdtype: d.down,
+                bias: None,
+                accumulate: true,
+                max_rows,
+            },
             vec![Arg::Buf(Buf::Gate), w(LayerWeight::Down), Arg::Buf(Buf::X)],
             at,
         );
@@ -229,8 +302,17 @@ pub fn head_graph(spec: &ModelSpec) -> Graph {
     let mut g = Graph::default();
     let h = spec.hidden_size;
     g.push(
-        Kernel::RmsNorm { dim: h, eps: F32Bits::new(spec.rms_norm_eps), wdtype: spec.final_norm_dtype, max_rows: 1 },
-        vec![Arg::LastRow(Buf::X), Arg::Weight(WeightId::FinalNorm), Arg::Buf(Buf::Xn)],
+        Kernel::RmsNorm {
+            dim: h,
+            eps: F32Bits::new(spec.rms_norm_eps),
+            wdtype: spec.final_norm_dtype,
+            max_rows: 1,
+        },
+        vec![
+            Arg::LastRow(Buf::X),
+            Arg::Weight(WeightId::FinalNorm),
+            Arg::Buf(Buf::Xn),
+        ],
         None,
     );
     let (head, dtype) = if spec.tie_word_embeddings {
@@ -239,7 +321,14 @@ pub fn head_graph(spec: &ModelSpec) -> Graph {
         (WeightId::LmHead, spec.lm_head_dtype)
     };
     g.push(
-        Kernel::MatMul { n: spec.vocab_size, k: h, wdtype: dtype, bias: None, accumulate: false, max_rows: 1 },
+        Kernel::MatMul {
+            n: spec.vocab_size,
+            k: h,
+            wdtype: dtype,
+            bias: None,
+            accumulate: false,
+            max_rows: 1,
+        },
         vec![Arg::Buf(Buf::Xn), Arg::Weight(head), Arg::Buf(Buf::Logits)],
         None,
     );

@@ -38,14 +38,31 @@ pub struct QkNorm {
 pub enum Kernel {
     /// `x[r, :] = float(table[tokens[r], :])`.
     /// Args: `tokens: i32[max_rows]`, `table: dtype[vocab, hidden]`, `x: f32[max_rows, hidden]`.
-    Embed { vocab: usize, hidden: usize, dtype: DType, max_rows: usize },
+    Embed {
+        vocab: usize,
+        hidden: usize,
+        dtype: DType,
+        max_rows: usize,
+    },
     /// `y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w`.
     /// Args: `x: f32[max_rows, dim]`, `w: wdtype[dim]`, `y: f32[max_rows, dim]`.
-    RmsNorm { dim: usize, eps: F32Bits, wdtype: DType, max_rows: usize },
+    RmsNorm {
+        dim: usize,
+        eps: F32Bits,
+        wdtype: DType,
+        max_rows: usize,
+    },
     /// `y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n])`, or `y += ...` when `accumulate`
     /// (the residual add fused into the epilogue).
     /// Args: `x: f32[max_rows, k]`, `w: wdtype[n, k]`, `y: f32[max_rows, n]`, `bias: bdtype[n]`.
-    MatMul { n: usize, k: usize, wdtype: DType, bias: Option<DType>, accumulate: bool, max_rows: usize },
+    MatMul {
+        n: usize,
+        k: usize,
+        wdtype: DType,
+        bias: Option<DType>,
+        accumulate: bool,
+        max_rows: usize,
+    },
     /// For each row `r` at absolute position `pos + r`: optional per-head RMSNorm of q and k,
     /// RoPE (rotate-half) on q and k in place, then k and v written into the caches at row
     /// `pos + r`.
@@ -66,7 +83,14 @@ pub enum Kernel {
     /// f32, scale `1 / sqrt(head_dim)`.
     /// Args: `q: f32[max_rows, heads*head_dim]`, `k_cache, v_cache: f32[ctx, kv_dim]`,
     /// `out: f32[max_rows, heads*head_dim]`.
-    Attention { heads: usize, kv_heads: usize, head_dim: usize, window: Option<usize>, ctx: usize, max_rows: usize },
+    Attention {
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        ctx: usize,
+        max_rows: usize,
+    },
     /// `g[r, i] = silu(g[r, i]) * u[r, i]`, in place.
     /// Args: `g: f32[max_rows, dim]`, `u: f32[max_rows, dim]`.
     SiluMul { dim: usize, max_rows: usize },
@@ -139,13 +163,33 @@ impl Kernel {
         let b = match self {
             Kernel::Embed { hidden, dtype, .. } => rows * (dtype.bytes_for(*hidden) + hidden * f + 4),
             Kernel::RmsNorm { dim, wdtype, .. } => wdtype.bytes_for(*dim) + rows * 2 * dim * f,
-            Kernel::MatMul { n, k, wdtype, bias, accumulate, .. } => {
+            Kernel::MatMul {
+                n,
+                k,
+                wdtype,
+                bias,
+                accumulate,
+                ..
+            } => {
                 let out = if *accumulate { 2 } else { 1 };
                 n * wdtype.bytes_for(*k) + bias.map_or(0, |d| d.bytes_for(*n)) + rows * (k + out * n) * f
             }
-            Kernel::RopeKv { heads, kv_heads, head_dim, .. } => rows * (2 * heads + 6 * kv_heads) * head_dim * f,
-            Kernel::Attention { heads, kv_heads, head_dim, window, .. } => {
-                let keys: usize = (0..rows).map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w))).sum();
+            Kernel::RopeKv {
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => rows * (2 * heads + 6 * kv_heads) * head_dim * f,
+            Kernel::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+                ..
+            } => {
+                let keys: usize = (0..rows)
+                    .map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w)))
+                    .sum();
                 rows * 2 * heads * head_dim * f + keys * 2 * kv_heads * head_dim * f
             }
             Kernel::SiluMul { dim, .. } => rows * 3 * dim * f,
@@ -159,8 +203,15 @@ impl Kernel {
     pub fn flops(&self, rows: usize, pos: usize) -> u64 {
         let b = match self {
             Kernel::MatMul { n, k, .. } => 2 * rows * n * k,
-            Kernel::Attention { heads, head_dim, window, .. } => {
-                let keys: usize = (0..rows).map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w))).sum();
+            Kernel::Attention {
+                heads,
+                head_dim,
+                window,
+                ..
+            } => {
+                let keys: usize = (0..rows)
+                    .map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w)))
+                    .sum();
                 4 * keys * heads * head_dim
             }
             _ => 0,
@@ -175,18 +226,39 @@ impl Kernel {
         let hash = Sha256::digest(json.as_bytes());
         let short: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
         let shape = match self {
-            Kernel::Embed { vocab, hidden, dtype, .. } => format!("v{vocab}_h{hidden}_{dtype}"),
+            Kernel::Embed {
+                vocab, hidden, dtype, ..
+            } => format!("v{vocab}_h{hidden}_{dtype}"),
             Kernel::RmsNorm { dim, wdtype, .. } => format!("d{dim}_{wdtype}"),
-            Kernel::MatMul { n, k, wdtype, bias, accumulate, .. } => format!(
+            Kernel::MatMul {
+                n,
+                k,
+                wdtype,
+                bias,
+                accumulate,
+                ..
+            } => format!(
                 "n{n}_k{k}_{wdtype}{}{}",
                 if bias.is_some() { "_bias" } else { "" },
                 if *accumulate { "_acc" } else { "" }
             ),
-            Kernel::RopeKv { heads, kv_heads, head_dim, qk_norm, .. } => format!(
+            Kernel::RopeKv {
+                heads,
+                kv_heads,
+                head_dim,
+                qk_norm,
+                ..
+            } => format!(
                 "h{heads}_kv{kv_heads}_d{head_dim}{}",
                 if qk_norm.is_some() { "_qknorm" } else { "" }
             ),
-            Kernel::Attention { heads, kv_heads, head_dim, window, .. } => format!(
+            Kernel::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+                ..
+            } => format!(
                 "h{heads}_kv{kv_heads}_d{head_dim}{}",
                 window.map(|w| format!("_w{w}")).unwrap_or_default()
             ),
@@ -194,7 +266,11 @@ impl Kernel {
             Kernel::ProbeRead { elems } => format!("e{elems}"),
             Kernel::ProbeFma { chains } => format!("c{chains}"),
         };
-        let regime = if self.max_rows() == 1 { "decode".to_string() } else { format!("r{}", self.max_rows()) };
+        let regime = if self.max_rows() == 1 {
+            "decode".to_string()
+        } else {
+            format!("r{}", self.max_rows())
+        };
         format!("kiln_{}_{shape}_{regime}_{short}", self.family())
     }
 }

@@ -35,6 +35,9 @@ impl CompileOptions {
     pub const DEFAULT_PREFILL_ROWS: usize = 64;
 
     pub fn for_host(cpu: &HostCpu) -> CompileOptions {
-        CompileOptions { prefill_rows: Self::DEFAULT_PREFILL_ROWS, f32_lanes: cpu.f32_lanes() }
+        CompileOptions {
+            prefill_rows: Self::DEFAULT_PREFILL_ROWS,
+            f32_lanes: cpu.f32_lanes(),
+        }
     }
 }

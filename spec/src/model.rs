@@ -301,7 +301,10 @@ impl ModelSpec {
             return Err(format!("rope_theta ({}) must be a positive number", self.rope.theta));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(format!("rms_norm_eps ({}) must be a non-negative number", self.rms_norm_eps));
+            return Err(format!(
+                "rms_norm_eps ({}) must be a non-negative number",
+                self.rms_norm_eps
+            ));
         }
         Ok(())
     }
@@ -362,7 +365,10 @@ mod tests {
 
     #[test]
     fn default_inv_freq_matches_closed_form() {
-        let rope = Rope { theta: 10000.0, scaling: RopeScaling::None };
+        let rope = Rope {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        };
         let inv = rope.inv_freq(64);
         assert_eq!(inv.len(), 32);
         assert_eq!(inv[0], 1.0);
@@ -372,7 +378,11 @@ mod tests {
 
     #[test]
     fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
-        let base = Rope { theta: 500000.0, scaling: RopeScaling::None }.inv_freq(128);
+        let base = Rope {
+            theta: 500000.0,
+            scaling: RopeScaling::None,
+        }
+        .inv_freq(128);
         let scaled = Rope {
             theta: 500000.0,
             scaling: RopeScaling::Llama3 {

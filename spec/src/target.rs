@@ -55,7 +55,13 @@ impl HostCpu {
             [field("model"), field("CPU variant")].concat(),
             [field("stepping"), field("CPU revision")].concat()
         );
-        HostCpu { arch: arch.to_string(), vendor, model_name, signature, features }
+        HostCpu {
+            arch: arch.to_string(),
+            vendor,
+            model_name,
+            signature,
+            features,
+        }
     }
 
     pub fn has(&self, feature: &str) -> bool {

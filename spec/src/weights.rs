@@ -96,10 +96,18 @@ impl WeightReq {
 /// Every tensor the model reads, in file order of a typical checkpoint.
 pub fn weight_list(spec: &ModelSpec) -> Vec<WeightReq> {
     let h = spec.hidden_size;
-    let mut out = vec![WeightReq { id: WeightId::Embed, shape: vec![spec.vocab_size, h], dtype: spec.embed_dtype }];
+    let mut out = vec![WeightReq {
+        id: WeightId::Embed,
+        shape: vec![spec.vocab_size, h],
+        dtype: spec.embed_dtype,
+    }];
     for (i, layer) in spec.layers.iter().enumerate() {
         let d = &layer.dtypes;
-        let w = |lw, shape: Vec<usize>, dtype| WeightReq { id: WeightId::Layer(i, lw), shape, dtype };
+        let w = |lw, shape: Vec<usize>, dtype| WeightReq {
+            id: WeightId::Layer(i, lw),
+            shape,
+            dtype,
+        };
         out.push(w(LayerWeight::AttnNorm, vec![h], d.attn_norm));
         out.push(w(LayerWeight::Q, vec![spec.q_dim(), h], d.q));
         out.push(w(LayerWeight::K, vec![spec.kv_dim(), h], d.k));
@@ -123,9 +131,17 @@ pub fn weight_list(spec: &ModelSpec) -> Vec<WeightReq> {
         out.push(w(LayerWeight::Up, vec![spec.intermediate_size, h], d.up));
         out.push(w(LayerWeight::Down, vec![h, spec.intermediate_size], d.down));
     }
-    out.push(WeightReq { id: WeightId::FinalNorm, shape: vec![h], dtype: spec.final_norm_dtype });
+    out.push(WeightReq {
+        id: WeightId::FinalNorm,
+        shape: vec![h],
+        dtype: spec.final_norm_dtype,
+    });
     if !spec.tie_word_embeddings {
-        out.push(WeightReq { id: WeightId::LmHead, shape: vec![spec.vocab_size, h], dtype: spec.lm_head_dtype });
+        out.push(WeightReq {
+            id: WeightId::LmHead,
+            shape: vec![spec.vocab_size, h],
+            dtype: spec.lm_head_dtype,
+        });
     }
     out
 }

@@ -11,7 +11,16 @@ use kiln_spec::Kernel;
 use melior::ir::Value;
 
 pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
-    let Kernel::Attention { heads, kv_heads, head_dim, window, .. } = kernel else { unreachable!() };
+    let Kernel::Attention {
+        heads,
+        kv_heads,
+        head_dim,
+        window,
+        ..
+    } = kernel
+    else {
+        unreachable!()
+    };
     let (q, kc, vc, out) = (p[0], p[1], p[2], p[3]);
     let dim = *head_dim;
     let lanes = lanes_for(dim, max_lanes);
@@ -39,7 +48,9 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
             }
             None => b.idx(0),
         };
-        let qv: Vec<Value> = (0..nvec).map(|i| b.load_f32(q, &[r, b.addi(qc0, b.idx(i * lanes))], lanes)).collect();
+        let qv: Vec<Value> = (0..nvec)
+            .map(|i| b.load_f32(q, &[r, b.addi(qc0, b.idx(i * lanes))], lanes))
+            .collect();
         let scale_c = b.f32c(scale);
         let mut inits = vec![b.f32c(f32::NEG_INFINITY), b.f32c(0.0)];
         inits.extend((0..nvec).map(|_| b.zero_like(lanes)));
@@ -55,7 +66,11 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
             let c_old = b.exp(b.subf(m, m_new));
             let c_new = b.exp(b.subf(s, m_new));
             let l_new = b.addf(b.mulf(l, c_old), c_new);
-            let (c_old_v, c_new_v) = if lanes == 1 { (c_old, c_new) } else { (b.broadcast(c_old, lanes), b.broadcast(c_new, lanes)) };
+            let (c_old_v, c_new_v) = if lanes == 1 {
+                (c_old, c_new)
+            } else {
+                (b.broadcast(c_old, lanes), b.broadcast(c_new, lanes))
+            };
             let mut next = vec![m_new, l_new];
             for i in 0..nvec {
                 let vv = b.load_f32(vc, &[j, b.addi(kc0, b.idx(i * lanes))], lanes);

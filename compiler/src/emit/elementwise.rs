@@ -8,7 +8,12 @@ use melior::ir::Value;
 /// `x[r, :] = float(table[tokens[r], :])`. Token ids are clamped to the table so a bad id can
 /// never read outside it (the runtime rejects such ids before calling).
 pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
-    let Kernel::Embed { vocab, hidden, dtype, .. } = kernel else { unreachable!() };
+    let Kernel::Embed {
+        vocab, hidden, dtype, ..
+    } = kernel
+    else {
+        unreachable!()
+    };
     let (tokens, table, x) = (p[0], p[1], p[2]);
     let lanes = lanes_for(*hidden, max_lanes);
     let (r_start, r_end) = thread_range(b, d.rows, d, 1);
@@ -41,13 +46,19 @@ pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dy
 /// `g = silu(g) * u` over `rows * dim` contiguous values, with `silu(v) = v / (1 + exp(-v))` as
 /// torch computes it.
 pub fn emit_silu_mul<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
-    let Kernel::SiluMul { dim, .. } = kernel else { unreachable!() };
+    let Kernel::SiluMul { dim, .. } = kernel else {
+        unreachable!()
+    };
     let (g, u) = (p[0], p[1]);
     let lanes = lanes_for(*dim, max_lanes);
     let total = b.muli(d.rows, b.idx(*dim));
     let (start, end) = thread_range(b, total, d, lanes);
     let step = b.idx(lanes);
-    let one_v = if lanes == 1 { b.f32c(1.0) } else { b.f32_splat(1.0, lanes) };
+    let one_v = if lanes == 1 {
+        b.f32c(1.0)
+    } else {
+        b.f32_splat(1.0, lanes)
+    };
     b.for_each(start, end, step, |b, i| {
         let gv = b.load_f32(g, &[i], lanes);
         let uv = b.load_f32(u, &[i], lanes);

@@ -27,7 +27,6 @@ use crate::ir::{Kb, lanes_for};
 use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
 
-
 /// Largest prefill weight scratch (`nb * k * 4` bytes) placed on the stack; beyond it the
 /// weights are widened in registers as in decode.
 const MAX_SCRATCH_BYTES: usize = 256 << 10;
@@ -63,7 +62,17 @@ struct MatMul<'c, 'a> {
 }
 
 pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
-    let Kernel::MatMul { n, k, wdtype, bias, accumulate, max_rows } = kernel else { unreachable!() };
+    let Kernel::MatMul {
+        n,
+        k,
+        wdtype,
+        bias,
+        accumulate,
+        max_rows,
+    } = kernel
+    else {
+        unreachable!()
+    };
     let m = MatMul {
         k: *k,
         lanes: lanes_for(*k, max_lanes),
@@ -93,7 +102,15 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     let use_scratch = wdtype.is_quantized() || (*wdtype != DType::F32 && nb * k * 4 <= MAX_SCRATCH_BYTES);
     let alloca = |b: Kb<'c, 'a>, ty: &str| {
         let ty = b.ty(ty);
-        b.op("memref.alloca", &[], &[ty], &[("alignment", b.attr("64 : i64")), ("operandSegmentSizes", b.attr("array<i32: 0, 0>"))])[0]
+        b.op(
+            "memref.alloca",
+            &[],
+            &[ty],
+            &[
+                ("alignment", b.attr("64 : i64")),
+                ("operandSegmentSizes", b.attr("array<i32: 0, 0>")),
+            ],
+        )[0]
     };
     let scratch = use_scratch.then(|| alloca(b, &format!("memref<{nb}x{chunk}xf32>")));
     let acc = (chunk < *k).then(|| alloca(b, &format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));

@@ -76,7 +76,9 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
         .collect();
     // Constant tables the kernel needs live in the same module as private globals.
     if let Kernel::RopeKv { inv_freq, .. } = kernel {
-        module.body().append_operation(constant_table(ctx, rope::INV_FREQ, inv_freq));
+        module
+            .body()
+            .append_operation(constant_table(ctx, rope::INV_FREQ, inv_freq));
     }
     let func = build_func(ctx, &kernel.symbol(), &types, true, |b, args| {
         let index = b.index_ty();
@@ -118,7 +120,10 @@ pub fn emit_abi_module(ctx: &Context) -> Module<'_> {
     melior::ir::RegionLike::append_block(&region, block);
     let func = OperationBuilder::new("func.func", loc)
         .add_attributes(&[
-            (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{}\"", abi::ABI_VERSION_SYMBOL)).expect("name")),
+            (
+                Identifier::new(ctx, "sym_name"),
+                Attribute::parse(ctx, &format!("\"{}\"", abi::ABI_VERSION_SYMBOL)).expect("name"),
+            ),
             (Identifier::new(ctx, "function_type"), TypeAttribute::new(fty).into()),
         ])
         .add_regions([region])
@@ -131,17 +136,31 @@ pub fn emit_abi_module(ctx: &Context) -> Module<'_> {
 /// The memref types of a kernel's pointer arguments, in ABI order.
 fn arg_types(kernel: &Kernel) -> Vec<String> {
     match kernel {
-        Kernel::Embed { vocab, hidden, dtype, max_rows } => vec![
+        Kernel::Embed {
+            vocab,
+            hidden,
+            dtype,
+            max_rows,
+        } => vec![
             memref(&[*max_rows], "i32"),
             weight_matrix(*vocab, *hidden, *dtype),
             memref(&[*max_rows, *hidden], "f32"),
         ],
-        Kernel::RmsNorm { dim, wdtype, max_rows, .. } => vec![
+        Kernel::RmsNorm {
+            dim, wdtype, max_rows, ..
+        } => vec![
             memref(&[*max_rows, *dim], "f32"),
             memref(&[*dim], elem(*wdtype)),
             memref(&[*max_rows, *dim], "f32"),
         ],
-        Kernel::MatMul { n, k, wdtype, bias, max_rows, .. } => {
+        Kernel::MatMul {
+            n,
+            k,
+            wdtype,
+            bias,
+            max_rows,
+            ..
+        } => {
             let mut v = vec![
                 memref(&[*max_rows, *k], "f32"),
                 weight_matrix(*n, *k, *wdtype),
@@ -152,7 +171,15 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             }
             v
         }
-        Kernel::RopeKv { heads, kv_heads, head_dim, qk_norm, ctx, max_rows, .. } => {
+        Kernel::RopeKv {
+            heads,
+            kv_heads,
+            head_dim,
+            qk_norm,
+            ctx,
+            max_rows,
+            ..
+        } => {
             let mut v = vec![
                 memref(&[*max_rows, heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
@@ -166,7 +193,14 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             }
             v
         }
-        Kernel::Attention { heads, kv_heads, head_dim, ctx, max_rows, .. } => vec![
+        Kernel::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            ctx,
+            max_rows,
+            ..
+        } => vec![
             memref(&[*max_rows, heads * head_dim], "f32"),
             memref(&[*ctx, kv_heads * head_dim], "f32"),
             memref(&[*ctx, kv_heads * head_dim], "f32"),
@@ -181,14 +215,24 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
 
 /// A private constant f32 table `@name` (values given by their bits, stored exactly).
 fn constant_table<'c>(ctx: &'c Context, name: &str, bits: &[u32]) -> melior::ir::Operation<'c> {
-    let hex: String = bits.iter().flat_map(|b| b.to_le_bytes()).map(|b| format!("{b:02X}")).collect();
+    let hex: String = bits
+        .iter()
+        .flat_map(|b| b.to_le_bytes())
+        .map(|b| format!("{b:02X}"))
+        .collect();
     let n = bits.len();
     let value = Attribute::parse(ctx, &format!("dense<\"0x{hex}\"> : tensor<{n}xf32>")).expect("dense table");
     let ty = Type::parse(ctx, &format!("memref<{n}xf32>")).expect("table type");
     OperationBuilder::new("memref.global", Location::unknown(ctx))
         .add_attributes(&[
-            (Identifier::new(ctx, "sym_name"), Attribute::parse(ctx, &format!("\"{name}\"")).expect("name")),
-            (Identifier::new(ctx, "sym_visibility"), Attribute::parse(ctx, "\"private\"").expect("vis")),
+            (
+                Identifier::new(ctx, "sym_name"),
+                Attribute::parse(ctx, &format!("\"{name}\"")).expect("name"),
+            ),
+            (
+                Identifier::new(ctx, "sym_visibility"),
+                Attribute::parse(ctx, "\"private\"").expect("vis"),
+            ),
             (Identifier::new(ctx, "type"), TypeAttribute::new(ty).into()),
             (Identifier::new(ctx, "initial_value"), value),
             (Identifier::new(ctx, "constant"), Attribute::unit(ctx)),
@@ -199,7 +243,12 @@ fn constant_table<'c>(ctx: &'c Context, name: &str, bits: &[u32]) -> melior::ir:
 
 /// This thread's share `[start, end)` of `total` work items, in chunks that are multiples of
 /// `align` (so only the last thread meets a remainder).
-pub fn thread_range<'c, 'a>(b: Kb<'c, 'a>, total: Value<'c, '_>, d: Dyn<'c, '_>, align: usize) -> (Value<'c, 'a>, Value<'c, 'a>) {
+pub fn thread_range<'c, 'a>(
+    b: Kb<'c, 'a>,
+    total: Value<'c, '_>,
+    d: Dyn<'c, '_>,
+    align: usize,
+) -> (Value<'c, 'a>, Value<'c, 'a>) {
     let per = b.ceildivui(total, d.nth);
     let chunk = if align > 1 {
         let a = b.idx(align);

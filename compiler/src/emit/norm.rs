@@ -10,7 +10,9 @@ use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
 
 pub fn emit_rmsnorm<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
-    let Kernel::RmsNorm { dim, eps, wdtype, .. } = kernel else { unreachable!() };
+    let Kernel::RmsNorm { dim, eps, wdtype, .. } = kernel else {
+        unreachable!()
+    };
     let (x, w, y) = (p[0], p[1], p[2]);
     let (r_start, r_end) = thread_range(b, d.rows, d, 1);
     let one = b.idx(1);
@@ -21,7 +23,15 @@ pub fn emit_rmsnorm<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
 }
 
 /// `1 / sqrt(mean(x[r, c0..c0+dim]^2) + eps)` as an f32 scalar.
-pub fn inv_rms<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, dim: usize, eps: f32, max_lanes: usize) -> Value<'c, 'a> {
+pub fn inv_rms<'c, 'a>(
+    b: Kb<'c, 'a>,
+    x: Value<'c, '_>,
+    r: Value<'c, '_>,
+    c0: Value<'c, '_>,
+    dim: usize,
+    eps: f32,
+    max_lanes: usize,
+) -> Value<'c, 'a> {
     let lanes = lanes_for(dim, max_lanes);
     let zero = b.zero_like(lanes);
     let (lo, hi, step) = (b.idx(0), b.idx(dim), b.idx(lanes));

@@ -11,7 +11,9 @@ use melior::ir::Value;
 const READ_STREAMS: usize = 8;
 
 pub fn emit_probe_read<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, lanes: usize) {
-    let Kernel::ProbeRead { elems } = kernel else { unreachable!() };
+    let Kernel::ProbeRead { elems } = kernel else {
+        unreachable!()
+    };
     let (buf, sums) = (p[0], p[1]);
     let step = lanes * READ_STREAMS;
     let total = b.idx(elems / step * step);
@@ -34,7 +36,9 @@ pub fn emit_probe_read<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], 
 }
 
 pub fn emit_probe_fma<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, lanes: usize) {
-    let Kernel::ProbeFma { chains } = kernel else { unreachable!() };
+    let Kernel::ProbeFma { chains } = kernel else {
+        unreachable!()
+    };
     let sums = p[0];
     // Values chosen so the chains neither overflow nor collapse to a constant the optimiser
     // could fold: x <- x * 0.999 + 0.001 converges towards 1.
@@ -42,7 +46,9 @@ pub fn emit_probe_fma<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
     let c = b.f32_splat(0.001, lanes);
     let inits: Vec<Value> = (0..*chains).map(|i| b.f32_splat(i as f32 * 0.01, lanes)).collect();
     let (lo, one) = (b.idx(0), b.idx(1));
-    let acc = b.for_range(lo, d.rows, one, &inits, |b, _, acc| acc.iter().map(|&x| b.fma(x, a, c)).collect());
+    let acc = b.for_range(lo, d.rows, one, &inits, |b, _, acc| {
+        acc.iter().map(|&x| b.fma(x, a, c)).collect()
+    });
     let mut sum = acc[0];
     for &x in &acc[1..] {
         sum = b.addf_fast(sum, x);

@@ -17,9 +17,21 @@ use melior::ir::Value;
 pub const INV_FREQ: &str = "kiln_inv_freq";
 
 pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
-    let Kernel::RopeKv { heads, kv_heads, head_dim, qk_norm, inv_freq, .. } = kernel else { unreachable!() };
+    let Kernel::RopeKv {
+        heads,
+        kv_heads,
+        head_dim,
+        qk_norm,
+        inv_freq,
+        ..
+    } = kernel
+    else {
+        unreachable!()
+    };
     let (q, k, v, kc, vc) = (p[0], p[1], p[2], p[3], p[4]);
-    let norms = qk_norm.as_ref().map(|n| (p[5], n.q_dtype, p[6], n.k_dtype, n.eps.get()));
+    let norms = qk_norm
+        .as_ref()
+        .map(|n| (p[5], n.q_dtype, p[6], n.k_dtype, n.eps.get()));
     let half = head_dim / 2;
     let table_ty = b.ty(&format!("memref<{}xf32>", inv_freq.len()));
     let table = b.op(
@@ -69,13 +81,31 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
 
 /// RMSNorm of one head in place.
 #[allow(clippy::too_many_arguments)]
-fn head_norm<'c>(b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, w: Value<'c, '_>, wdtype: DType, eps: f32, dim: usize, max_lanes: usize) {
+fn head_norm<'c>(
+    b: Kb<'c, '_>,
+    x: Value<'c, '_>,
+    r: Value<'c, '_>,
+    c0: Value<'c, '_>,
+    w: Value<'c, '_>,
+    wdtype: DType,
+    eps: f32,
+    dim: usize,
+    max_lanes: usize,
+) {
     let inv = inv_rms(b, x, r, c0, dim, eps, max_lanes);
     scale_row(b, x, r, c0, w, wdtype, inv, x, r, c0, dim, max_lanes);
 }
 
 /// Rotates the pairs `(c0 + i, c0 + i + half)` of row `r` by `pos * inv_freq[i]`.
-fn rotate<'c>(b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, table: Value<'c, '_>, pos_f: Value<'c, '_>, half: usize) {
+fn rotate<'c>(
+    b: Kb<'c, '_>,
+    x: Value<'c, '_>,
+    r: Value<'c, '_>,
+    c0: Value<'c, '_>,
+    table: Value<'c, '_>,
+    pos_f: Value<'c, '_>,
+    half: usize,
+) {
     let (lo, hi, one) = (b.idx(0), b.idx(half), b.idx(1));
     b.for_each(lo, hi, one, |b, i| {
         let angle = b.mulf(pos_f, b.load_f32(table, &[i], 1));

@@ -69,28 +69,19 @@ pub enum ChatTemplateError {
     Missing { model: String },
     /// The template does not parse.
     #[error("chat template syntax error{}: {message}", at_line(*.line))]
-    Syntax {
-        line: Option<usize>,
-        message: String,
-    },
+    Syntax { line: Option<usize>, message: String },
     /// The template called `raise_exception(message)`: it rejects the conversation.
     #[error("the chat template rejected the conversation: {0}")]
     Raised(String),
     /// Rendering failed otherwise (an undefined value looked into, a bad filter argument...).
     #[error("chat template render error{}: {message}", at_line(*.line))]
-    Render {
-        line: Option<usize>,
-        message: String,
-    },
+    Render { line: Option<usize>, message: String },
     /// `apply_chat_template` refuses an empty conversation, and so does this.
     #[error("cannot apply a chat template to an empty conversation")]
     EmptyConversation,
     /// [`RenderOptions::tools`] or [`RenderOptions::extra`] is not the JSON it should be.
     #[error("invalid chat template option {option}: {message}")]
-    Options {
-        option: &'static str,
-        message: String,
-    },
+    Options { option: &'static str, message: String },
 }
 
 fn at_line(line: Option<usize>) -> String {
@@ -310,14 +301,10 @@ fn new_environment() -> Environment<'static> {
                 | ValueKind::Iterable
         )
     });
-    env.add_function(
-        "raise_exception",
-        |message: Value| -> Result<Value, Error> {
-            let message = python::py_str(&message);
-            Err(Error::new(ErrorKind::InvalidOperation, message.clone())
-                .with_source(Raised(message)))
-        },
-    );
+    env.add_function("raise_exception", |message: Value| -> Result<Value, Error> {
+        let message = python::py_str(&message);
+        Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
+    });
     env
 }
 
@@ -349,9 +336,7 @@ impl ChatTemplate {
     }
 
     /// The tokenizer's chat template with its BOS and EOS tokens; `None` when it has none.
-    pub fn from_tokenizer(
-        tokenizer: &Tokenizer,
-    ) -> Result<Option<ChatTemplate>, ChatTemplateError> {
+    pub fn from_tokenizer(tokenizer: &Tokenizer) -> Result<Option<ChatTemplate>, ChatTemplateError> {
         tokenizer
             .chat_template()
             .map(|source| ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token()))
@@ -375,11 +360,7 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` as `apply_chat_template(messages, tokenize=False, ...)` would.
-    pub fn render(
-        &self,
-        messages: &[Message],
-        opts: &RenderOptions,
-    ) -> Result<String, ChatTemplateError> {
+    pub fn render(&self, messages: &[Message], opts: &RenderOptions) -> Result<String, ChatTemplateError> {
         if messages.is_empty() {
             return Err(ChatTemplateError::EmptyConversation);
         }

@@ -69,12 +69,7 @@ fn strip_chars(args: &[Value]) -> Result<Option<String>, Error> {
 
 /// The unknown-method callback: Python's `str.strip`/`lstrip`/`rstrip` with Python's whitespace,
 /// everything else from `minijinja_contrib::pycompat` (`startswith`, `split`, `items`, `get`...).
-pub(crate) fn unknown_method(
-    state: &mut State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> Result<Value, Error> {
+pub(crate) fn unknown_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
     if let Some(s) = value.as_str() {
         let side = match method {
             "strip" => Some(Side::Both),
@@ -177,11 +172,7 @@ fn py_repr_into(value: &Value, out: &mut String) {
     match value.kind() {
         ValueKind::String => py_str_repr(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
-            let (open, close) = if value.is_tuple() {
-                ('(', ')')
-            } else {
-                ('[', ']')
-            };
+            let (open, close) = if value.is_tuple() { ('(', ')') } else { ('[', ']') };
             out.push(open);
             let mut n = 0;
             if let Ok(iter) = value.try_iter() {
@@ -281,10 +272,7 @@ pub(crate) fn tojson_filter(value: &Value, args: Rest<ValueOrKwargs>) -> Result<
                     i64::try_from(v.clone()).map_err(|_| {
                         Error::new(
                             ErrorKind::InvalidOperation,
-                            format!(
-                                "tojson: indent must be an integer or a string, not {}",
-                                v.kind()
-                            ),
+                            format!("tojson: indent must be an integer or a string, not {}", v.kind()),
                         )
                     })?
                 };
@@ -359,10 +347,7 @@ fn json_float(f: f64) -> String {
 fn not_serializable(value: &Value) -> Error {
     Error::new(
         ErrorKind::InvalidOperation,
-        format!(
-            "tojson: object of type {} is not JSON serializable",
-            value.kind()
-        ),
+        format!("tojson: object of type {} is not JSON serializable", value.kind()),
     )
 }
 
@@ -377,10 +362,7 @@ fn json_key(key: &Value) -> Result<String, Error> {
         _ => {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
-                format!(
-                    "tojson: keys must be str, int, float, bool or None, not {}",
-                    key.kind()
-                ),
+                format!("tojson: keys must be str, int, float, bool or None, not {}", key.kind()),
             ));
         }
     })
@@ -395,12 +377,7 @@ fn newline_indent(opts: &JsonOptions, depth: usize, out: &mut String) {
     }
 }
 
-fn write_json(
-    value: &Value,
-    opts: &JsonOptions,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
+fn write_json(value: &Value, opts: &JsonOptions, depth: usize, out: &mut String) -> Result<(), Error> {
     if depth > 500 {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
@@ -412,9 +389,7 @@ fn write_json(
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number if value.is_integer() => out.push_str(&value.to_string()),
         ValueKind::Number => out.push_str(&json_float(f64::try_from(value.clone())?)),
-        ValueKind::String => {
-            write_json_str(value.as_str().unwrap_or_default(), opts.ensure_ascii, out)
-        }
+        ValueKind::String => write_json_str(value.as_str().unwrap_or_default(), opts.ensure_ascii, out),
         ValueKind::Seq => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -552,9 +527,7 @@ impl DateTime {
         let minute = t.next()?.parse().ok()?;
         let second = t.next()?.parse().ok()?;
         let microsecond = match frac {
-            Some(f) if f.len() <= 6 && f.bytes().all(|b| b.is_ascii_digit()) => {
-                format!("{f:0<6}").parse().ok()?
-            }
+            Some(f) if f.len() <= 6 && f.bytes().all(|b| b.is_ascii_digit()) => format!("{f:0<6}").parse().ok()?,
             Some(_) => return None,
             None => 0,
         };
@@ -611,11 +584,7 @@ impl DateTime {
                 None => fmt.push('%'),
             }
         }
-        let days = days_from_civil(
-            i64::from(self.year),
-            i64::from(self.month),
-            i64::from(self.day),
-        );
+        let days = days_from_civil(i64::from(self.year), i64::from(self.month), i64::from(self.day));
         let yday = days - days_from_civil(i64::from(self.year), 1, 1);
         // SAFETY: an all-zero `tm` is valid (null `tm_zone`); every field used is set below.
         let mut tm: libc::tm = unsafe { std::mem::zeroed() };
@@ -630,8 +599,7 @@ impl DateTime {
         tm.tm_isdst = -1;
         // A trailing character tells an empty result from a buffer that was too small.
         fmt.push(' ');
-        let cfmt = std::ffi::CString::new(fmt)
-            .map_err(|_| "strftime format contains a NUL character".to_owned())?;
+        let cfmt = std::ffi::CString::new(fmt).map_err(|_| "strftime format contains a NUL character".to_owned())?;
         let mut cap = 256usize;
         loop {
             let mut buf = vec![0u8; cap];
@@ -639,8 +607,7 @@ impl DateTime {
             let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), cap, cfmt.as_ptr(), &tm) };
             if n > 0 {
                 buf.truncate(n - 1);
-                return String::from_utf8(buf)
-                    .map_err(|_| "strftime produced invalid UTF-8".to_owned());
+                return String::from_utf8(buf).map_err(|_| "strftime produced invalid UTF-8".to_owned());
             }
             if cap > 1 << 20 {
                 return Err("strftime result too long".to_owned());

@@ -39,14 +39,9 @@ fn load_template(name: &str) -> ChatTemplate {
     let dir = data_dir();
     let source = std::fs::read_to_string(dir.join(format!("{name}.jinja"))).unwrap();
     let tokens: Tokens =
-        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
-            .unwrap();
-    ChatTemplate::new(
-        &source,
-        tokens.bos_token.as_deref(),
-        tokens.eos_token.as_deref(),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    ChatTemplate::new(&source, tokens.bos_token.as_deref(), tokens.eos_token.as_deref())
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// The JSON text of a fixture's `tools` or `extra`. They are read as MiniJinja values, whose maps
@@ -68,11 +63,7 @@ fn renders_like_transformers() {
         if !templates.iter().any(|(n, _)| n == &case.template) {
             templates.push((case.template.clone(), load_template(&case.template)));
         }
-        let template = &templates
-            .iter()
-            .find(|(n, _)| n == &case.template)
-            .unwrap()
-            .1;
+        let template = &templates.iter().find(|(n, _)| n == &case.template).unwrap().1;
         let opts = RenderOptions {
             add_generation_prompt: case.add_generation_prompt,
             enable_thinking: case.enable_thinking,
@@ -95,9 +86,9 @@ fn renders_like_transformers() {
                 }
                 assert!(!msg.contains('\n'), "{label}: multi-line error {msg:?}");
             }
-            (None, Some(want), Ok(got)) => failures.push(format!(
-                "{label}: rendered {got:?}, wanted the error {want:?}"
-            )),
+            (None, Some(want), Ok(got)) => {
+                failures.push(format!("{label}: rendered {got:?}, wanted the error {want:?}"))
+            }
             (None, None, _) => panic!("{label}: fixture has neither `expected` nor `error`"),
         }
         checked += 1;
@@ -115,11 +106,7 @@ fn renders_like_transformers() {
     );
 }
 
-fn render_src(
-    source: &str,
-    messages: &[Message],
-    opts: &RenderOptions,
-) -> Result<String, ChatTemplateError> {
+fn render_src(source: &str, messages: &[Message], opts: &RenderOptions) -> Result<String, ChatTemplateError> {
     ChatTemplate::new(source, Some("<s>"), Some("</s>"))?.render(messages, opts)
 }
 
@@ -132,10 +119,7 @@ fn syntax_error_names_the_line() {
         "{err:?}"
     );
     let msg = err.to_string();
-    assert!(
-        msg.starts_with("chat template syntax error at line 3: "),
-        "{msg}"
-    );
+    assert!(msg.starts_with("chat template syntax error at line 3: "), "{msg}");
     assert!(!msg.contains('\n'), "{msg}");
 
     let err = ChatTemplate::new("ok\n\n{{ unclosed", None, None).unwrap_err();
@@ -166,9 +150,7 @@ fn from_tokenizer_uses_its_template_and_tokens() {
         "eos_token": "<|im_end|>",
         "chat_template": source,
     }));
-    let template = ChatTemplate::from_tokenizer(&tok)
-        .unwrap()
-        .expect("a template");
+    let template = ChatTemplate::from_tokenizer(&tok).unwrap().expect("a template");
     assert_eq!(template.bos_token(), None);
     assert_eq!(template.eos_token(), Some("<|im_end|>"));
     let opts = RenderOptions {
@@ -213,9 +195,7 @@ fn raise_exception_is_a_one_line_error_with_the_message() {
     let err = render_src(src, &[Message::user("x")], &RenderOptions::default()).unwrap_err();
     assert_eq!(
         err,
-        ChatTemplateError::Raised(
-            "Conversation roles must alternate user/assistant/user/assistant/... really".into()
-        )
+        ChatTemplateError::Raised("Conversation roles must alternate user/assistant/user/assistant/... really".into())
     );
     assert_eq!(
         err.to_string(),
@@ -248,13 +228,7 @@ fn empty_conversation_and_bad_options() {
     };
     let err = t.render(&[Message::user("x")], &bad_tools).unwrap_err();
     assert!(
-        matches!(
-            err,
-            ChatTemplateError::Options {
-                option: "tools",
-                ..
-            }
-        ),
+        matches!(err, ChatTemplateError::Options { option: "tools", .. }),
         "{err:?}"
     );
     let not_a_list = RenderOptions {
@@ -284,9 +258,7 @@ fn variables_as_transformers_passes_them() {
         add_generation_prompt: true,
         enable_thinking: Some(false),
         tools: Some("[]".into()),
-        extra: Some(
-            r#"{"date_string": "26 Jul 2024", "bos_token": "<B>", "messages": "ignored"}"#.into(),
-        ),
+        extra: Some(r#"{"date_string": "26 Jul 2024", "bos_token": "<B>", "messages": "ignored"}"#.into()),
         now: None,
     };
     assert_eq!(
@@ -301,10 +273,7 @@ fn generation_tags_render_their_body() {
         rewrite_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}"),
         "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}"
     );
-    assert_eq!(
-        rewrite_generation_tags("{% generations %}"),
-        "{% generations %}"
-    );
+    assert_eq!(rewrite_generation_tags("{% generations %}"), "{% generations %}");
     let src = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}[{{ m.content }}]{% endif %}{% endfor %}";
     let text = render_src(
         src,
@@ -325,10 +294,7 @@ fn strftime_like_python() {
     );
     assert_eq!(t.strftime("").unwrap(), "");
     let t = DateTime::parse_iso("2000-02-29 00:00:00.5").unwrap();
-    assert_eq!(
-        t.strftime("%a %Y-%m-%d %f").unwrap(),
-        "Tue 2000-02-29 500000"
-    );
+    assert_eq!(t.strftime("%a %Y-%m-%d %f").unwrap(), "Tue 2000-02-29 500000");
     assert!(DateTime::parse_iso("2023-02-29T00:00:00").is_none());
     let year: i32 = DateTime::now().strftime("%Y").unwrap().parse().unwrap();
     assert!(year >= 2024, "{year}");
@@ -365,10 +331,7 @@ fn python_float_repr() {
 fn message_json_shape() {
     let m: Message = serde_json::from_str(r#"{"role": "user", "content": "hi"}"#).unwrap();
     assert_eq!(m, Message::user("hi"));
-    assert_eq!(
-        serde_json::to_string(&m).unwrap(),
-        r#"{"role":"user","content":"hi"}"#
-    );
+    assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"role":"user","content":"hi"}"#);
     let mut a = Message::assistant("Paris.");
     a.reasoning_content = Some("Easy.".into());
     let back: Message = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();

@@ -16,10 +16,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 pub fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[derive(Clone, Debug)]
@@ -87,10 +84,7 @@ pub struct Request {
 
 impl Request {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -171,11 +165,7 @@ impl FakeHub {
     }
 
     pub fn add_repo(&self, id: &str, repo: FakeRepo) {
-        self.state
-            .lock()
-            .unwrap()
-            .repos
-            .insert(id.to_string(), repo);
+        self.state.lock().unwrap().repos.insert(id.to_string(), repo);
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -188,11 +178,7 @@ impl FakeHub {
 
     /// The next `times` downloads of the blob `etag` are cut after `after` bytes.
     pub fn cut(&self, etag: &str, after: usize, times: usize) {
-        self.state
-            .lock()
-            .unwrap()
-            .cuts
-            .insert(etag.to_string(), (after, times));
+        self.state.lock().unwrap().cuts.insert(etag.to_string(), (after, times));
     }
 
     /// The blob `etag` is served with its bytes flipped.
@@ -368,10 +354,7 @@ fn route(st: &mut State, req: &Request) -> Reply {
         let etag = file.etag();
         if file.lfs {
             return Reply::new(302)
-                .header(
-                    "Location",
-                    format!("{}/cdn/{etag}?X-Signature=abc", st.cdn_url),
-                )
+                .header("Location", format!("{}/cdn/{etag}?X-Signature=abc", st.cdn_url))
                 .header("X-Linked-Etag", format!("\"{etag}\""))
                 .header("X-Linked-Size", file.data.len().to_string())
                 .header("ETag", "\"0123456789012345678901234567890123456789\"")

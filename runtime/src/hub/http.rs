@@ -49,26 +49,18 @@ pub(super) struct Client<'a> {
 }
 
 impl<'a> Client<'a> {
-    pub fn new(
-        opts: &HubOptions,
-        spec: &'a HubSpec,
-        tuning: &Tuning,
-    ) -> Result<Client<'a>, HubError> {
+    pub fn new(opts: &HubOptions, spec: &'a HubSpec, tuning: &Tuning) -> Result<Client<'a>, HubError> {
         let endpoint = opts.endpoint().to_string();
         if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
             return Err(HubError::Network {
                 url: endpoint,
-                message: "the hub endpoint (HF_ENDPOINT) must start with https:// or http://"
-                    .into(),
+                message: "the hub endpoint (HF_ENDPOINT) must start with https:// or http://".into(),
             });
         }
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .user_agent(format!(
-                "kiln/{}; hf_hub/rust; ureq",
-                env!("CARGO_PKG_VERSION")
-            ))
+            .user_agent(format!("kiln/{}; hf_hub/rust; ureq", env!("CARGO_PKG_VERSION")))
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_recv_response(Some(Duration::from_secs(30)))
             .timeout_per_read(Some(Duration::from_secs(60)));
@@ -132,8 +124,7 @@ impl<'a> Client<'a> {
         struct Sibling {
             rfilename: String,
         }
-        let info: Info =
-            serde_json::from_slice(&body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+        let info: Info = serde_json::from_slice(&body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
         let commit = match info.sha {
             Some(s) if super::is_commit_hash(&s) => s,
             Some(s) => return Err(bad(format!("'{s}' is not a commit hash"))),
@@ -146,12 +137,7 @@ impl<'a> Client<'a> {
     }
 
     /// Makes `snapshots/<commit>/<file>` in `repo_dir`, downloading its blob unless cached.
-    pub fn fetch_file(
-        &self,
-        repo_dir: &Path,
-        commit: &str,
-        file: &str,
-    ) -> Result<PathBuf, HubError> {
+    pub fn fetch_file(&self, repo_dir: &Path, commit: &str, file: &str) -> Result<PathBuf, HubError> {
         let url = self.file_url(commit, file);
         if !is_safe_repo_path(file) {
             return Err(HubError::BadResponse {
@@ -214,11 +200,7 @@ impl<'a> Client<'a> {
         } else {
             url.clone()
         };
-        Ok(FileMeta {
-            etag,
-            size,
-            location,
-        })
+        Ok(FileMeta { etag, size, location })
     }
 
     /// Sends `method url`, following redirects on the same host that do not point at a
@@ -245,16 +227,8 @@ impl<'a> Client<'a> {
         })
     }
 
-    fn send(
-        &self,
-        method: &str,
-        url: &str,
-        range_from: Option<u64>,
-    ) -> Result<Response<ureq::Body>, HubError> {
-        let auth = self
-            .token
-            .as_ref()
-            .filter(|_| origin(url) == origin(&self.endpoint));
+    fn send(&self, method: &str, url: &str, range_from: Option<u64>) -> Result<Response<ureq::Body>, HubError> {
+        let auth = self.token.as_ref().filter(|_| origin(url) == origin(&self.endpoint));
         let result = if method == "HEAD" {
             let mut r = self.agent.head(url).header("Accept-Encoding", "identity");
             if let Some(t) = auth {
@@ -308,19 +282,11 @@ impl<'a> Client<'a> {
                 endpoint,
             },
             ("GatedRepo", _) => unauthorized(token_hint),
-            ("RepoNotFound", _) => HubError::NotFound {
-                model: repo,
-                endpoint,
-            },
-            (_, 404) if file.is_none() => HubError::NotFound {
-                model: repo,
-                endpoint,
-            },
-            (_, 401) if message == "Invalid credentials in Authorization header" => {
-                unauthorized(format!(
-                    "the token in HF_TOKEN is invalid or expired (see {endpoint}/settings/tokens)"
-                ))
-            }
+            ("RepoNotFound", _) => HubError::NotFound { model: repo, endpoint },
+            (_, 404) if file.is_none() => HubError::NotFound { model: repo, endpoint },
+            (_, 401) if message == "Invalid credentials in Authorization header" => unauthorized(format!(
+                "the token in HF_TOKEN is invalid or expired (see {endpoint}/settings/tokens)"
+            )),
             (_, 401 | 403) => unauthorized(token_hint),
             _ => HubError::Http {
                 url: url.to_string(),
@@ -375,12 +341,7 @@ impl<'a> Client<'a> {
     }
 
     /// One `GET` of the rest of the file, appended to `incomplete`.
-    fn download_attempt(
-        &self,
-        meta: &FileMeta,
-        incomplete: &Path,
-        bar: &ProgressBar,
-    ) -> Result<(), Attempt> {
+    fn download_attempt(&self, meta: &FileMeta, incomplete: &Path, bar: &ProgressBar) -> Result<(), Attempt> {
         let io_err = |op| move |e| Attempt::Fatal(HubError::io(op, incomplete)(e));
         let mut f = OpenOptions::new()
             .create(true)
@@ -438,12 +399,9 @@ impl<'a> Client<'a> {
                 });
             }
         }
-        let total = meta.size.or_else(|| {
-            header(&resp, "content-length")?
-                .parse::<u64>()
-                .ok()
-                .map(|l| l + have)
-        });
+        let total = meta
+            .size
+            .or_else(|| header(&resp, "content-length")?.parse::<u64>().ok().map(|l| l + have));
         if let Some(t) = total {
             bar.set_length(t);
         }
@@ -508,9 +466,7 @@ impl<'a> Client<'a> {
         )
         .expect("valid template")
         .progress_chars("=> ");
-        let bar = ProgressBar::new(size.unwrap_or(0))
-            .with_style(style)
-            .with_message(name);
+        let bar = ProgressBar::new(size.unwrap_or(0)).with_style(style).with_message(name);
         bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         bar
     }
@@ -581,10 +537,7 @@ fn is_loopback(url: &str) -> bool {
 fn quote(s: &str, keep_slash: bool) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric()
-            || matches!(b, b'-' | b'_' | b'.' | b'~')
-            || (keep_slash && b == b'/')
-        {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') || (keep_slash && b == b'/') {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -598,9 +551,7 @@ fn sha256_file(path: &Path) -> Result<String, HubError> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(HubError::io("cannot read", path))?;
+        let n = f.read(&mut buf).map_err(HubError::io("cannot read", path))?;
         if n == 0 {
             break;
         }

@@ -61,11 +61,7 @@ const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
 /// Files Kiln cannot do without, besides the weights.
 const REQUIRED_FILES: [&str; 2] = ["config.json", "tokenizer.json"];
 /// Files taken when the repository has them.
-const OPTIONAL_FILES: [&str; 3] = [
-    "generation_config.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-];
+const OPTIONAL_FILES: [&str; 3] = ["generation_config.json", "tokenizer_config.json", "chat_template.jinja"];
 /// What `huggingface_hub` writes into `CACHEDIR.TAG`.
 const CACHEDIR_TAG: &str = "Signature: 8a477f597d28d172789f06886806bc55\n\
 # This file is a cache directory tag created by huggingface_hub.\n\
@@ -113,9 +109,7 @@ impl HubOptions {
                 let path = get("HF_TOKEN_PATH")
                     .map(|p| expand_user(&p, &var))
                     .unwrap_or_else(|| home.join("token"));
-                std::fs::read_to_string(path)
-                    .ok()
-                    .and_then(|t| clean_token(&t))
+                std::fs::read_to_string(path).ok().and_then(|t| clean_token(&t))
             });
         HubOptions {
             endpoint: get("HF_ENDPOINT").map(|e| e.trim_end_matches('/').to_string()),
@@ -199,13 +193,9 @@ fn clean_token(t: &str) -> Option<String> {
 /// Why a model could not be resolved. Each message is one line.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
-    #[error(
-        "'{spec}' is not a Hugging Face model id (expected org/name or org/name@revision): {reason}"
-    )]
+    #[error("'{spec}' is not a Hugging Face model id (expected org/name or org/name@revision): {reason}")]
     InvalidSpec { spec: String, reason: String },
-    #[error(
-        "model {model} not found on {endpoint} (check the name, or set HF_TOKEN for private/gated models)"
-    )]
+    #[error("model {model} not found on {endpoint} (check the name, or set HF_TOKEN for private/gated models)")]
     NotFound { model: String, endpoint: String },
     #[error("access to model {model} on {endpoint} was refused (HTTP {status}): {hint}")]
     Unauthorized {
@@ -241,11 +231,7 @@ pub enum HubError {
     #[error("cannot reach {url}: {message}")]
     Network { url: String, message: String },
     #[error("{url} answered HTTP {status}{message}")]
-    Http {
-        url: String,
-        status: u16,
-        message: String,
-    },
+    Http { url: String, status: u16, message: String },
     #[error("unexpected answer from {url}: {message}")]
     BadResponse { url: String, message: String },
     #[error("download of {file} is corrupt: {message}")]
@@ -379,10 +365,7 @@ fn check_revision(rev: &str) -> Result<(), String> {
     {
         return Err("the revision has a character git does not allow".into());
     }
-    if rev
-        .split('/')
-        .any(|c| c.is_empty() || c == "." || c == "..")
-    {
+    if rev.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err("the revision is not a valid git ref".into());
     }
     Ok(())
@@ -443,11 +426,7 @@ impl Default for Tuning {
     }
 }
 
-pub(crate) fn resolve_with(
-    spec: &str,
-    opts: &HubOptions,
-    tuning: &Tuning,
-) -> Result<PathBuf, HubError> {
+pub(crate) fn resolve_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Result<PathBuf, HubError> {
     let parsed = HubSpec::parse(spec)?;
     if let CacheState::Complete(p) = cache_state(&opts.cache_root(), &parsed) {
         return Ok(p);
@@ -455,11 +434,7 @@ pub(crate) fn resolve_with(
     fetch_with(spec, opts, tuning)
 }
 
-pub(crate) fn fetch_with(
-    spec: &str,
-    opts: &HubOptions,
-    tuning: &Tuning,
-) -> Result<PathBuf, HubError> {
+pub(crate) fn fetch_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Result<PathBuf, HubError> {
     let spec = HubSpec::parse(spec)?;
     let cache = opts.cache_root();
     let state = cache_state(&cache, &spec);
@@ -531,10 +506,7 @@ fn missing_in_snapshot(snapshot: &Path) -> Option<String> {
     if !index.is_file() {
         return Some(format!("{SINGLE_WEIGHTS} is missing"));
     }
-    let shards = match std::fs::read(&index)
-        .ok()
-        .and_then(|b| shards_of_index(&b).ok())
-    {
+    let shards = match std::fs::read(&index).ok().and_then(|b| shards_of_index(&b).ok()) {
         Some(s) => s,
         None => return Some(format!("{WEIGHTS_INDEX} is unreadable")),
     };
@@ -557,9 +529,7 @@ fn shards_of_index(bytes: &[u8]) -> Result<BTreeSet<String>, String> {
             .as_str()
             .ok_or_else(|| format!("weight_map[{tensor}] is not a string"))?;
         if !is_safe_repo_path(file) {
-            return Err(format!(
-                "weight_map[{tensor}] names an unsafe path '{file}'"
-            ));
+            return Err(format!("weight_map[{tensor}] names an unsafe path '{file}'"));
         }
         shards.insert(file.to_string());
     }
@@ -634,12 +604,7 @@ fn is_other_weight_format(f: &str) -> bool {
 }
 
 /// Asks the hub for `spec`'s commit and files and downloads what the snapshot lacks.
-fn download(
-    spec: &HubSpec,
-    opts: &HubOptions,
-    cache: &Path,
-    tuning: &Tuning,
-) -> Result<PathBuf, HubError> {
+fn download(spec: &HubSpec, opts: &HubOptions, cache: &Path, tuning: &Tuning) -> Result<PathBuf, HubError> {
     let client = http::Client::new(opts, spec, tuning)?;
     let info = client.model_info()?;
     let files: BTreeSet<String> = info.files.into_iter().collect();
@@ -655,10 +620,7 @@ fn download(
     create_dir(&repo_dir.join("blobs"))?;
     create_dir(&snapshot)?;
 
-    let todo: Vec<&String> = plan
-        .iter()
-        .filter(|f| !snapshot.join(f.as_str()).is_file())
-        .collect();
+    let todo: Vec<&String> = plan.iter().filter(|f| !snapshot.join(f.as_str()).is_file()).collect();
     if !opts.quiet && !todo.is_empty() {
         eprintln!(
             "Downloading {spec} (commit {}) from {} into {}",

@@ -67,10 +67,7 @@ fn dead_endpoint() -> String {
 
 fn setup(files: Vec<FakeFile>) -> (FakeHub, tempfile::TempDir, PathBuf) {
     let hub = FakeHub::start();
-    hub.add_repo(
-        "acme/tiny",
-        FakeRepo::default().commit(&["main"], SHA_A, files),
-    );
+    hub.add_repo("acme/tiny", FakeRepo::default().commit(&["main"], SHA_A, files));
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("hub");
     (hub, tmp, cache)
@@ -111,15 +108,9 @@ fn first_download_lays_out_the_cache_like_huggingface_hub() {
         names(&repo_dir),
         ["blobs", "refs", "snapshots"].map(String::from).into()
     );
-    assert_eq!(
-        fs::read_to_string(repo_dir.join("refs/main")).unwrap(),
-        SHA_A
-    );
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/main")).unwrap(), SHA_A);
     assert_eq!(names(&repo_dir.join("refs")), ["main".to_string()].into());
-    assert_eq!(
-        names(&repo_dir.join("snapshots")),
-        [SHA_A.to_string()].into()
-    );
+    assert_eq!(names(&repo_dir.join("snapshots")), [SHA_A.to_string()].into());
 
     let wanted = wanted_files("a");
     for f in &wanted {
@@ -129,10 +120,7 @@ fn first_download_lays_out_the_cache_like_huggingface_hub() {
     }
     assert_eq!(
         names(&snap),
-        wanted
-            .iter()
-            .map(|f| f.name.clone())
-            .collect::<BTreeSet<_>>()
+        wanted.iter().map(|f| f.name.clone()).collect::<BTreeSet<_>>()
     );
     // Exactly one blob per file, nothing left half-written.
     assert_eq!(
@@ -164,10 +152,7 @@ fn first_download_lays_out_the_cache_like_huggingface_hub() {
             .all(|r| r.path.starts_with(&format!("/acme/tiny/resolve/{SHA_A}/")))
     );
     // The LFS file came from the "CDN" the hub redirected to, in one GET.
-    let cdn: Vec<_> = reqs
-        .iter()
-        .filter(|r| r.path.starts_with("/cdn/"))
-        .collect();
+    let cdn: Vec<_> = reqs.iter().filter(|r| r.path.starts_with("/cdn/")).collect();
     assert_eq!(cdn.len(), 1);
     assert_eq!(cdn[0].method, "GET");
     assert_eq!(cdn[0].header("range"), None);
@@ -188,11 +173,7 @@ fn a_cached_model_is_resolved_without_any_request() {
     assert_eq!(fetch("acme/tiny", &opts).unwrap(), first);
     let reqs = new_requests(&hub, n);
     assert_eq!(reqs.len(), 1, "{reqs:?}");
-    assert!(
-        reqs[0]
-            .path
-            .starts_with("/api/models/acme/tiny/revision/main")
-    );
+    assert!(reqs[0].path.starts_with("/api/models/acme/tiny/revision/main"));
 }
 
 #[test]
@@ -213,10 +194,7 @@ fn fetch_follows_a_moved_branch_and_shares_unchanged_blobs() {
     let b = fetch("acme/tiny", &opts).unwrap();
     let repo_dir = cache.join("models--acme--tiny");
     assert_eq!(b, repo_dir.join("snapshots").join(SHA_B));
-    assert_eq!(
-        fs::read_to_string(repo_dir.join("refs/main")).unwrap(),
-        SHA_B
-    );
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/main")).unwrap(), SHA_B);
     for f in wanted_files("b") {
         assert_linked(&b, &f);
     }
@@ -275,10 +253,7 @@ fn a_revision_pins_a_tag_or_a_commit() {
     };
     assert_eq!(resolve("acme/tiny@v1", &offline).unwrap(), v1);
     assert_eq!(resolve(&format!("acme/tiny@{SHA_A}"), &offline).unwrap(), a);
-    assert!(matches!(
-        resolve("acme/tiny", &offline),
-        Err(HubError::Offline { .. })
-    ));
+    assert!(matches!(resolve("acme/tiny", &offline), Err(HubError::Offline { .. })));
 }
 
 #[test]
@@ -314,21 +289,14 @@ fn offline_hit_and_miss() {
     fs::remove_file(snap.join("model.safetensors")).unwrap();
     let e = resolve("acme/tiny", &offline).unwrap_err();
     assert!(matches!(e, HubError::OfflinePartial { .. }), "{e}");
-    assert!(
-        e.to_string().contains("model.safetensors is missing"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("model.safetensors is missing"), "{e}");
     assert_eq!(hub.request_count(), n);
 
     // Online, the missing file is downloaded again (its blob is still there: no body fetched).
     let again = resolve("acme/tiny", &hub.opts(&cache)).unwrap();
     assert_eq!(again, snap);
     assert_linked(&snap, &wanted_files("a")[5]);
-    assert!(
-        !new_requests(&hub, n)
-            .iter()
-            .any(|r| r.path.starts_with("/cdn/"))
-    );
+    assert!(!new_requests(&hub, n).iter().any(|r| r.path.starts_with("/cdn/")));
 }
 
 #[test]
@@ -388,20 +356,10 @@ fn a_cut_download_is_resumed_by_the_next_run() {
     assert_eq!(cdn.len(), 1);
     assert_eq!(cdn[0].header("range"), Some("bytes=100000-"));
     // Small files were not fetched again.
-    assert!(
-        !new_requests(&hub, n)
-            .iter()
-            .any(|r| r.path.ends_with("config.json"))
-    );
-    assert_eq!(
-        sha256_hex(&fs::read(snap.join("model.safetensors")).unwrap()),
-        etag
-    );
+    assert!(!new_requests(&hub, n).iter().any(|r| r.path.ends_with("config.json")));
+    assert_eq!(sha256_hex(&fs::read(snap.join("model.safetensors")).unwrap()), etag);
     assert!(!incomplete.exists());
-    assert_eq!(
-        fs::read_to_string(repo_dir.join("refs/main")).unwrap(),
-        SHA_A
-    );
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/main")).unwrap(), SHA_A);
 }
 
 #[test]
@@ -458,25 +416,16 @@ fn a_gated_model_needs_the_token() {
     let opts = hub.opts(&cache);
 
     let e = resolve("acme/gated", &opts).unwrap_err();
-    assert!(
-        matches!(e, HubError::Unauthorized { status: 401, .. }),
-        "{e}"
-    );
+    assert!(matches!(e, HubError::Unauthorized { status: 401, .. }), "{e}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("acme/gated") && msg.contains("set HF_TOKEN"),
-        "{msg}"
-    );
+    assert!(msg.contains("acme/gated") && msg.contains("set HF_TOKEN"), "{msg}");
 
     let wrong = HubOptions {
         token: Some("hf_wrong".into()),
         ..opts.clone()
     };
     let msg = resolve("acme/gated", &wrong).unwrap_err().to_string();
-    assert!(
-        msg.contains("the token in HF_TOKEN does not give access"),
-        "{msg}"
-    );
+    assert!(msg.contains("the token in HF_TOKEN does not give access"), "{msg}");
 
     let right = HubOptions {
         token: Some("hf_secret".into()),
@@ -560,10 +509,7 @@ fn hub_errors_are_one_clear_line() {
     let e = resolve("acme/tiny@nope", &opts).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!(
-            "revision 'nope' of model acme/tiny not found on {}",
-            hub.url
-        )
+        format!("revision 'nope' of model acme/tiny not found on {}", hub.url)
     );
 
     let n = hub.request_count();
@@ -604,11 +550,7 @@ fn hub_errors_are_one_clear_line() {
 
 #[test]
 fn sharded_weights_follow_the_index() {
-    let shard1 = FakeFile::new(
-        "model-00001-of-00002.safetensors",
-        weights(120_000, 1),
-        true,
-    );
+    let shard1 = FakeFile::new("model-00001-of-00002.safetensors", weights(120_000, 1), true);
     let shard2 = FakeFile::new("model-00002-of-00002.safetensors", weights(80_000, 2), true);
     let index = FakeFile::new(
         "model.safetensors.index.json",
@@ -635,11 +577,7 @@ fn sharded_weights_follow_the_index() {
         assert_linked(&snap, f);
     }
     assert!(!snap.join("consolidated.safetensors").exists());
-    assert!(
-        !hub.requests()
-            .iter()
-            .any(|r| r.path.contains("consolidated"))
-    );
+    assert!(!hub.requests().iter().any(|r| r.path.contains("consolidated")));
     let n = hub.request_count();
     assert_eq!(resolve("acme/tiny", &hub.opts(&cache)).unwrap(), snap);
     assert_eq!(hub.request_count(), n);
@@ -677,10 +615,7 @@ fn options_from_the_environment() {
             if k == "HF_HOME" {
                 return Some(home.display().to_string());
             }
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
+            pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
         }
     };
     let o = HubOptions::from_lookup(env(&[]));
@@ -702,19 +637,13 @@ fn options_from_the_environment() {
     assert_eq!(o.cache_dir, Some(PathBuf::from("/data/hub")));
     assert!(o.offline && o.quiet);
 
-    let o = HubOptions::from_lookup(env(&[
-        ("HF_HUB_OFFLINE", "0"),
-        ("TRANSFORMERS_OFFLINE", "yes"),
-    ]));
+    let o = HubOptions::from_lookup(env(&[("HF_HUB_OFFLINE", "0"), ("TRANSFORMERS_OFFLINE", "yes")]));
     assert!(o.offline);
     let o = HubOptions::from_lookup(|k| match k {
         "HOME" => Some("/home/u".into()),
         _ => None,
     });
-    assert_eq!(
-        o.cache_dir,
-        Some(PathBuf::from("/home/u/.cache/huggingface/hub"))
-    );
+    assert_eq!(o.cache_dir, Some(PathBuf::from("/home/u/.cache/huggingface/hub")));
     assert_eq!(o.token, None);
     let o = HubOptions::from_lookup(|k| match k {
         "HOME" => Some("/home/u".into()),
@@ -792,15 +721,9 @@ fn a_revision_with_a_slash_is_quoted_and_nested_under_refs() {
     let cache = tmp.path().join("hub");
     let snap = resolve("acme/tiny@refs/pr/1", &hub.opts(&cache)).unwrap();
     assert!(snap.ends_with(SHA_B));
-    assert_eq!(
-        hub.requests()[0].path,
-        "/api/models/acme/tiny/revision/refs%2Fpr%2F1"
-    );
+    assert_eq!(hub.requests()[0].path, "/api/models/acme/tiny/revision/refs%2Fpr%2F1");
     let repo_dir = cache.join("models--acme--tiny");
-    assert_eq!(
-        fs::read_to_string(repo_dir.join("refs/refs/pr/1")).unwrap(),
-        SHA_B
-    );
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/refs/pr/1")).unwrap(), SHA_B);
 }
 
 /// The committed Qwen2 test model, served as a hub repo, downloads into a folder Kiln loads.
@@ -813,10 +736,7 @@ fn the_fixture_model_round_trips_through_the_hub() {
         files.push(FakeFile::new(&name, data, name.ends_with(".safetensors")));
     }
     let hub = FakeHub::start();
-    hub.add_repo(
-        "Qwen/tiny-qwen2",
-        FakeRepo::default().commit(&["main"], SHA_A, files),
-    );
+    hub.add_repo("Qwen/tiny-qwen2", FakeRepo::default().commit(&["main"], SHA_A, files));
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("hub");
     let snap = resolve("Qwen/tiny-qwen2", &hub.opts(&cache)).unwrap();
@@ -833,10 +753,7 @@ fn the_fixture_model_round_trips_through_the_hub() {
         .into()
     );
     for name in names(&snap) {
-        assert_eq!(
-            fs::read(snap.join(&name)).unwrap(),
-            fs::read(dir.join(&name)).unwrap()
-        );
+        assert_eq!(fs::read(snap.join(&name)).unwrap(), fs::read(dir.join(&name)).unwrap());
     }
     let model = crate::model::load(&snap).unwrap();
     assert_eq!(model.dir, snap);
@@ -914,14 +831,8 @@ fn the_cache_is_shared_with_python_huggingface_hub() {
         ..hub.opts(&py_cache)
     };
     let py_snap = resolve("acme/tiny", &offline).unwrap();
-    assert_eq!(
-        py_snap,
-        py_cache.join("models--acme--tiny/snapshots").join(SHA_A)
-    );
-    assert_eq!(
-        Path::new(out.lines().next().unwrap()),
-        py_snap.join("config.json")
-    );
+    assert_eq!(py_snap, py_cache.join("models--acme--tiny/snapshots").join(SHA_A));
+    assert_eq!(Path::new(out.lines().next().unwrap()), py_snap.join("config.json"));
     for f in wanted_files("a") {
         assert_linked(&py_snap, &f);
     }

@@ -21,9 +21,7 @@
 //! shape mismatch later.
 
 use super::error::ModelError;
-use kiln_spec::{
-    Arch, DType, LayerDTypes, LayerSpec, LayerWeight, ModelSpec, Rope, RopeScaling, WeightId,
-};
+use kiln_spec::{Arch, DType, LayerDTypes, LayerSpec, LayerWeight, ModelSpec, Rope, RopeScaling, WeightId};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -202,10 +200,7 @@ impl ModelConfig {
                 up: get(LayerWeight::Up)?,
                 down: get(LayerWeight::Down)?,
             };
-            layers.push(LayerSpec {
-                sliding_window,
-                dtypes,
-            });
+            layers.push(LayerSpec { sliding_window, dtypes });
         }
         let final_norm_dtype = dtype_of(WeightId::FinalNorm)?;
         let lm_head_dtype = if self.tie_word_embeddings {
@@ -233,11 +228,10 @@ impl ModelConfig {
             lm_head_dtype,
             layers,
         };
-        spec.validate()
-            .map_err(|message| ModelError::InvalidConfig {
-                path: self.path.clone(),
-                message,
-            })?;
+        spec.validate().map_err(|message| ModelError::InvalidConfig {
+            path: self.path.clone(),
+            message,
+        })?;
         Ok(spec)
     }
 }
@@ -323,12 +317,7 @@ impl<'a> Obj<'a> {
         v.as_u64()
             .and_then(|u| usize::try_from(u).ok())
             .map(Some)
-            .ok_or_else(|| {
-                self.invalid(
-                    key,
-                    format!("must be a non-negative integer, got {}", describe(v)),
-                )
-            })
+            .ok_or_else(|| self.invalid(key, format!("must be a non-negative integer, got {}", describe(v))))
     }
 
     fn usize_req(&self, key: &str) -> Result<usize, ModelError> {
@@ -401,17 +390,12 @@ impl<'a> Obj<'a> {
     }
 
     fn token_id_value(&self, key: &str, v: &Value) -> Result<u32, ModelError> {
-        v.as_u64()
-            .and_then(|u| u32::try_from(u).ok())
-            .ok_or_else(|| {
-                self.invalid(
-                    key,
-                    format!(
-                        "must hold token ids (integers from 0 to 2^32-1), got {}",
-                        describe(v)
-                    ),
-                )
-            })
+        v.as_u64().and_then(|u| u32::try_from(u).ok()).ok_or_else(|| {
+            self.invalid(
+                key,
+                format!("must hold token ids (integers from 0 to 2^32-1), got {}", describe(v)),
+            )
+        })
     }
 
     /// A token id: an integer or null.
@@ -469,10 +453,7 @@ fn parse_arch(c: &Obj) -> Result<(Arch, String), ModelError> {
         }
         Some(Value::Array(_)) | None => {}
         Some(v) => {
-            return Err(c.invalid(
-                "architectures",
-                format!("must be a list of names, got {}", describe(v)),
-            ));
+            return Err(c.invalid("architectures", format!("must be a list of names, got {}", describe(v))));
         }
     }
     let Some(model_type) = c.str("model_type")? else {
@@ -491,15 +472,10 @@ fn parse_arch(c: &Obj) -> Result<(Arch, String), ModelError> {
 fn parse_config(c: &Obj) -> Result<ModelConfig, ModelError> {
     let (arch, architecture) = parse_arch(c)?;
 
-    let dim =
-        |key: &str| -> Result<usize, ModelError> { c.at_most(key, c.usize_req(key)?, MAX_DIM) };
+    let dim = |key: &str| -> Result<usize, ModelError> { c.at_most(key, c.usize_req(key)?, MAX_DIM) };
     let hidden_size = dim("hidden_size")?;
     let intermediate_size = dim("intermediate_size")?;
-    let num_layers = c.at_most(
-        "num_hidden_layers",
-        c.usize_req("num_hidden_layers")?,
-        MAX_LAYERS,
-    )?;
+    let num_layers = c.at_most("num_hidden_layers", c.usize_req("num_hidden_layers")?, MAX_LAYERS)?;
     let num_heads = dim("num_attention_heads")?;
     let vocab_size = dim("vocab_size")?;
 
@@ -555,9 +531,7 @@ fn parse_config(c: &Obj) -> Result<ModelConfig, ModelError> {
     let (attention_bias, o_bias, qk_norm) = match arch {
         Arch::Llama => {
             if c.bool("mlp_bias")?.unwrap_or(false) {
-                return Err(c.unsupported(
-                    "mlp_bias true (biases on the MLP projections are not supported yet)".into(),
-                ));
+                return Err(c.unsupported("mlp_bias true (biases on the MLP projections are not supported yet)".into()));
             }
             (attention_bias, attention_bias, false)
         }
@@ -648,9 +622,7 @@ fn parse_rope(c: &Obj, max_position_embeddings: usize) -> Result<Rope, ModelErro
             }
         }
         other => {
-            return Err(c.unsupported(format!(
-                "rope_type '{other}' (supported: default, linear, llama3)"
-            )));
+            return Err(c.unsupported(format!("rope_type '{other}' (supported: default, linear, llama3)")));
         }
     };
     Ok(Rope { theta, scaling })
@@ -695,7 +667,10 @@ fn parse_sliding_windows(
                     if types.len() != num_layers {
                         return Err(c.invalid(
                             "layer_types",
-                            format!("has {} entries, expected one per layer (num_hidden_layers = {num_layers})", types.len()),
+                            format!(
+                                "has {} entries, expected one per layer (num_hidden_layers = {num_layers})",
+                                types.len()
+                            ),
                         ));
                     }
                     let mut out = Vec::with_capacity(num_layers);
@@ -717,10 +692,7 @@ fn parse_sliding_windows(
                             None => {
                                 return Err(c.invalid(
                                     "layer_types",
-                                    format!(
-                                        "must be a list of strings, got {} at index {i}",
-                                        describe(t)
-                                    ),
+                                    format!("must be a list of strings, got {} at index {i}", describe(t)),
                                 ));
                             }
                         }
@@ -728,10 +700,7 @@ fn parse_sliding_windows(
                     out
                 }
                 Some(v) => {
-                    return Err(c.invalid(
-                        "layer_types",
-                        format!("must be a list, got {}", describe(v)),
-                    ));
+                    return Err(c.invalid("layer_types", format!("must be a list, got {}", describe(v))));
                 }
                 None => {
                     let first = c.usize("max_window_layers")?.unwrap_or(28);

@@ -55,11 +55,7 @@ fn tensor(dtype: St, shape: &[usize]) -> T {
         St::F32 => f32_bytes(&values),
         St::BF16 => bf16_bytes(&values),
         // 1.0, 2.0, ... in IEEE half.
-        St::F16 => u16_bytes(
-            &(0..n)
-                .map(|i| [0x3C00u16, 0x4000][i % 2])
-                .collect::<Vec<_>>(),
-        ),
+        St::F16 => u16_bytes(&(0..n).map(|i| [0x3C00u16, 0x4000][i % 2]).collect::<Vec<_>>()),
         St::I64 => vec![0u8; n * 8],
         other => panic!("test helper does not build {other:?}"),
     };
@@ -101,10 +97,9 @@ fn config(arch: &str, extra: Value) -> String {
 fn norms_f32(matrix: St) -> impl Fn(WeightId) -> St {
     move |id| match id {
         WeightId::FinalNorm
-        | WeightId::Layer(
-            _,
-            LayerWeight::AttnNorm | LayerWeight::MlpNorm | LayerWeight::QNorm | LayerWeight::KNorm,
-        ) => St::F32,
+        | WeightId::Layer(_, LayerWeight::AttnNorm | LayerWeight::MlpNorm | LayerWeight::QNorm | LayerWeight::KNorm) => {
+            St::F32
+        }
         _ => matrix,
     }
 }
@@ -181,14 +176,8 @@ fn llama31_untied_with_llama3_rope_and_mixed_dtypes() {
     let s = &m.spec;
     assert_eq!(s.arch, Arch::Llama);
     assert_eq!(m.config.architecture, "LlamaForCausalLM");
-    assert_eq!(
-        (s.hidden_size, s.intermediate_size, s.num_layers()),
-        (64, 128, 2)
-    );
-    assert_eq!(
-        (s.num_heads, s.num_kv_heads, s.head_dim, s.vocab_size),
-        (4, 2, 16, 256)
-    );
+    assert_eq!((s.hidden_size, s.intermediate_size, s.num_layers()), (64, 128, 2));
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim, s.vocab_size), (4, 2, 16, 256));
     assert_eq!(s.max_position_embeddings, 131072);
     assert_eq!(s.rms_norm_eps, 1e-5);
     assert_eq!(s.rope.theta, 500000.0);
@@ -261,22 +250,14 @@ fn llama_attention_bias_tied_rope_parameters_and_generation_config() {
     let d = &s.layers[0].dtypes;
     assert_eq!(
         (d.q_bias, d.k_bias, d.v_bias, d.o_bias),
-        (
-            Some(DType::F32),
-            Some(DType::F32),
-            Some(DType::F32),
-            Some(DType::F32)
-        )
+        (Some(DType::F32), Some(DType::F32), Some(DType::F32), Some(DType::F32))
     );
     assert_eq!(s.rope.theta, 250000.0);
     assert_eq!(s.rope.scaling, RopeScaling::None);
     assert_eq!(s.lm_head_dtype, s.embed_dtype);
     assert!(!weight_list(s).iter().any(|r| r.id == WeightId::LmHead));
     assert_eq!(
-        m.weights
-            .tensor(WeightId::Layer(1, LayerWeight::OBias))
-            .unwrap()
-            .shape,
+        m.weights.tensor(WeightId::Layer(1, LayerWeight::OBias)).unwrap().shape,
         &[64]
     );
     // generation_config first, then config.json; its BOS wins.
@@ -359,16 +340,10 @@ fn mistral_sliding_window_and_class_defaults() {
 
     // Absent: MistralConfig's default window of 4096; a window covering the whole context is
     // the same as none.
-    let text = config(
-        "MistralForCausalLM",
-        json!({"max_position_embeddings": 8192}),
-    );
+    let text = config("MistralForCausalLM", json!({"max_position_embeddings": 8192}));
     let c = ModelConfig::from_json(&text, Path::new("c")).unwrap();
     assert_eq!(c.sliding_windows, vec![Some(4096), Some(4096)]);
-    let text = config(
-        "MistralForCausalLM",
-        json!({"max_position_embeddings": 4096}),
-    );
+    let text = config("MistralForCausalLM", json!({"max_position_embeddings": 4096}));
     let c = ModelConfig::from_json(&text, Path::new("c")).unwrap();
     assert_eq!(c.sliding_windows, vec![None, None]);
 }
@@ -402,18 +377,10 @@ fn qwen2_biases_tied_and_generation_eos_union() {
     let d = &s.layers[0].dtypes;
     assert_eq!(
         (d.q_bias, d.k_bias, d.v_bias, d.o_bias),
-        (
-            Some(DType::BF16),
-            Some(DType::BF16),
-            Some(DType::BF16),
-            None
-        )
+        (Some(DType::BF16), Some(DType::BF16), Some(DType::BF16), None)
     );
     assert_eq!(
-        m.weights
-            .tensor(WeightId::Layer(0, LayerWeight::KBias))
-            .unwrap()
-            .shape,
+        m.weights.tensor(WeightId::Layer(0, LayerWeight::KBias)).unwrap().shape,
         &[32]
     );
     assert!(s.layers.iter().all(|l| l.sliding_window.is_none()));
@@ -457,22 +424,14 @@ fn qwen2_sliding_window_layers() {
 
     // A sliding layer without a window is refused, as transformers refuses it.
     let bad = json!({"use_sliding_window": false, "layer_types": ["full_attention", "sliding_attention"]});
-    let e = ModelConfig::from_json(
-        &config("Qwen2ForCausalLM", bad),
-        Path::new("/m/config.json"),
-    )
-    .unwrap_err();
+    let e = ModelConfig::from_json(&config("Qwen2ForCausalLM", bad), Path::new("/m/config.json")).unwrap_err();
     assert!(
         e.to_string()
             .starts_with("/m/config.json: layer_types[1] is \"sliding_attention\""),
         "{e}"
     );
     let bad = json!({"layer_types": ["full_attention"]});
-    let e = ModelConfig::from_json(
-        &config("Qwen2ForCausalLM", bad),
-        Path::new("/m/config.json"),
-    )
-    .unwrap_err();
+    let e = ModelConfig::from_json(&config("Qwen2ForCausalLM", bad), Path::new("/m/config.json")).unwrap_err();
     assert_eq!(
         e.to_string(),
         "/m/config.json: field \"layer_types\" has 1 entries, expected one per layer (num_hidden_layers = 2)"
@@ -511,24 +470,15 @@ fn qwen3_qk_norm_explicit_head_dim_and_rope_parameters() {
         (Some(DType::F32), Some(DType::F32), None)
     );
     assert_eq!(
-        m.weights
-            .tensor(WeightId::Layer(1, LayerWeight::QNorm))
-            .unwrap()
-            .shape,
+        m.weights.tensor(WeightId::Layer(1, LayerWeight::QNorm)).unwrap().shape,
         &[32]
     );
     assert_eq!(
-        m.weights
-            .tensor(WeightId::Layer(0, LayerWeight::Q))
-            .unwrap()
-            .shape,
+        m.weights.tensor(WeightId::Layer(0, LayerWeight::Q)).unwrap().shape,
         &[128, 64]
     );
     assert_eq!(
-        m.weights
-            .tensor(WeightId::Layer(0, LayerWeight::O))
-            .unwrap()
-            .shape,
+        m.weights.tensor(WeightId::Layer(0, LayerWeight::O)).unwrap().shape,
         &[64, 128]
     );
     assert_eq!(
@@ -552,12 +502,7 @@ fn qwen3_qk_norm_explicit_head_dim_and_rope_parameters() {
     assert_eq!(c.head_dim, 128);
     // Null head_dim: derived.
     let text = config("Qwen3ForCausalLM", json!({})).replacen("{", "{\"head_dim\": null,", 1);
-    assert_eq!(
-        ModelConfig::from_json(&text, Path::new("c"))
-            .unwrap()
-            .head_dim,
-        16
-    );
+    assert_eq!(ModelConfig::from_json(&text, Path::new("c")).unwrap().head_dim, 16);
 }
 
 #[test]
@@ -572,10 +517,7 @@ fn model_type_fallback_and_linear_rope_from_legacy_type() {
         }),
     );
     let c = ModelConfig::from_json(&text, Path::new("c")).unwrap();
-    assert_eq!(
-        (c.arch, c.architecture.as_str()),
-        (Arch::Qwen2, "Qwen2ForCausalLM")
-    );
+    assert_eq!((c.arch, c.architecture.as_str()), (Arch::Qwen2, "Qwen2ForCausalLM"));
     assert_eq!(
         c.rope,
         kiln_spec::Rope {
@@ -633,15 +575,9 @@ fn sharded_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("config.json"), &text).unwrap();
     let tensors = tensors_for(&text, |_| St::BF16);
-    let (a, b): (Vec<_>, Vec<_>) = tensors
-        .into_iter()
-        .enumerate()
-        .partition(|(i, _)| i % 2 == 0);
+    let (a, b): (Vec<_>, Vec<_>) = tensors.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
     let mut weight_map = serde_json::Map::new();
-    let names = [
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-    ];
+    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
     for (file, part) in names.iter().zip([a, b]) {
         let part: Vec<(String, T)> = part.into_iter().map(|(_, t)| t).collect();
         for (n, _) in &part {
@@ -655,14 +591,8 @@ fn sharded_checkpoint() {
     let m = load(dir.path()).unwrap();
     assert_eq!(m.weights.files().count(), 2);
     assert_eq!(m.weights.index(), Some(index_path.as_path()));
-    let q = m
-        .weights
-        .tensor(WeightId::Layer(0, LayerWeight::Q))
-        .unwrap();
-    let k = m
-        .weights
-        .tensor(WeightId::Layer(0, LayerWeight::K))
-        .unwrap();
+    let q = m.weights.tensor(WeightId::Layer(0, LayerWeight::Q)).unwrap();
+    let k = m.weights.tensor(WeightId::Layer(0, LayerWeight::K)).unwrap();
     assert_ne!(q.path, k.path);
     assert_eq!(m.spec.lm_head_dtype, DType::BF16);
 
@@ -673,10 +603,7 @@ fn sharded_checkpoint() {
     moved["weight_map"]["model.embed_tokens.weight"] = json!(names[1]);
     fs::write(&index_path, moved.to_string()).unwrap();
     let e = err(dir.path());
-    assert!(
-        e.starts_with("tensor model.embed_tokens.weight not found in "),
-        "{e}"
-    );
+    assert!(e.starts_with("tensor model.embed_tokens.weight not found in "), "{e}");
     assert!(
         e.contains(names[1]) && e.contains("model.safetensors.index.json"),
         "{e}"
@@ -755,16 +682,9 @@ fn missing_config_and_missing_path() {
 #[test]
 fn no_weights() {
     let dir = tempfile::tempdir().unwrap();
-    fs::write(
-        dir.path().join("config.json"),
-        config("LlamaForCausalLM", json!({})),
-    )
-    .unwrap();
+    fs::write(dir.path().join("config.json"), config("LlamaForCausalLM", json!({}))).unwrap();
     fs::write(dir.path().join("pytorch_model.bin"), b"not read").unwrap();
-    assert!(err(dir.path()).starts_with(&format!(
-        "no safetensors weights in {}",
-        dir.path().display()
-    )));
+    assert!(err(dir.path()).starts_with(&format!("no safetensors weights in {}", dir.path().display())));
 }
 
 #[test]
@@ -776,10 +696,7 @@ fn malformed_config_reports_line_and_column() {
     )
     .unwrap();
     let e = err(dir.path());
-    assert!(
-        e.starts_with(&format!("{}: invalid JSON: ", cfg_path(&dir))),
-        "{e}"
-    );
+    assert!(e.starts_with(&format!("{}: invalid JSON: ", cfg_path(&dir))), "{e}");
     assert!(e.contains("line 4 column 3"), "{e}");
     assert!(!e.contains('\n'));
 
@@ -833,24 +750,16 @@ fn missing_and_invalid_fields() {
         config("LlamaForCausalLM", json!({"vocab_size": 1u64 << 40})),
     )
     .unwrap();
-    assert!(
-        err(dir.path()).contains("field \"vocab_size\" is 1099511627776, larger than Kiln accepts")
-    );
+    assert!(err(dir.path()).contains("field \"vocab_size\" is 1099511627776, larger than Kiln accepts"));
     fs::write(
         dir.path().join("config.json"),
         config("LlamaForCausalLM", json!({"tie_word_embeddings": "yes"})),
     )
     .unwrap();
-    assert!(
-        err(dir.path())
-            .ends_with("field \"tie_word_embeddings\" must be true or false, got \"yes\"")
-    );
+    assert!(err(dir.path()).ends_with("field \"tie_word_embeddings\" must be true or false, got \"yes\""));
     fs::write(
         dir.path().join("config.json"),
-        config(
-            "LlamaForCausalLM",
-            json!({"rope_scaling": {"rope_type": "linear"}}),
-        ),
+        config("LlamaForCausalLM", json!({"rope_scaling": {"rope_type": "linear"}})),
     )
     .unwrap();
     assert_eq!(
@@ -880,19 +789,14 @@ fn missing_and_invalid_fields() {
     .unwrap();
     assert_eq!(
         err(dir.path()),
-        format!(
-            "{}: num_attention_heads must be greater than 0",
-            cfg_path(&dir)
-        )
+        format!("{}: num_attention_heads must be greater than 0", cfg_path(&dir))
     );
     fs::write(
         dir.path().join("config.json"),
         config("LlamaForCausalLM", json!({"num_attention_heads": 5})),
     )
     .unwrap();
-    assert!(
-        err(dir.path()).contains("hidden_size (64) is not a multiple of num_attention_heads (5)")
-    );
+    assert!(err(dir.path()).contains("hidden_size (64) is not a multiple of num_attention_heads (5)"));
 }
 
 #[test]
@@ -910,7 +814,10 @@ fn unknown_architecture_and_unsupported_features() {
     );
     fs::write(
         &path,
-        config("LlamaForCausalLM", json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})),
+        config(
+            "LlamaForCausalLM",
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
+        ),
     )
     .unwrap();
     assert_eq!(
@@ -929,11 +836,7 @@ fn unknown_architecture_and_unsupported_features() {
     )
     .unwrap();
     assert!(err(dir.path()).starts_with("unsupported rope_type 'dynamic'"));
-    fs::write(
-        &path,
-        config("MistralForCausalLM", json!({"hidden_act": "gelu"})),
-    )
-    .unwrap();
+    fs::write(&path, config("MistralForCausalLM", json!({"hidden_act": "gelu"}))).unwrap();
     assert_eq!(
         err(dir.path()),
         format!(
@@ -943,18 +846,11 @@ fn unknown_architecture_and_unsupported_features() {
     );
     fs::write(
         &path,
-        config(
-            "LlamaForCausalLM",
-            json!({"architectures": [], "model_type": "gpt2"}),
-        ),
+        config("LlamaForCausalLM", json!({"architectures": [], "model_type": "gpt2"})),
     )
     .unwrap();
     assert!(err(dir.path()).contains("unknown architecture \"gpt2\""));
-    fs::write(
-        &path,
-        config("LlamaForCausalLM", json!({"architectures": []})),
-    )
-    .unwrap();
+    fs::write(&path, config("LlamaForCausalLM", json!({"architectures": []}))).unwrap();
     assert_eq!(
         err(dir.path()),
         format!("{}: missing field \"architectures\"", path.display())
@@ -987,13 +883,7 @@ fn wrong_shape_names_tensor_file_and_both_shapes() {
 #[test]
 fn unsupported_dtype_names_tensor_and_dtype() {
     let text = config("LlamaForCausalLM", json!({}));
-    let dir = model(&text, |id| {
-        if id == WeightId::FinalNorm {
-            St::I64
-        } else {
-            St::F32
-        }
-    });
+    let dir = model(&text, |id| if id == WeightId::FinalNorm { St::I64 } else { St::F32 });
     assert_eq!(
         err(dir.path()),
         format!(
@@ -1085,10 +975,7 @@ fn header_length_larger_than_file_and_garbage() {
         })
         .collect();
     fs::write(&path, &garbage).unwrap();
-    assert!(err(dir.path()).starts_with(&format!(
-        "{} is not a valid safetensors file: ",
-        path.display()
-    )));
+    assert!(err(dir.path()).starts_with(&format!("{} is not a valid safetensors file: ", path.display())));
 
     // A plausible length over text that is not JSON, not UTF-8, or not an object.
     fs::write(&path, raw_st("hello world", &[])).unwrap();
@@ -1111,10 +998,7 @@ fn inconsistent_header_entries() {
     // Size does not match shape x dtype.
     fs::write(
         &path,
-        raw_st(
-            r#"{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}"#,
-            &[0; 24],
-        ),
+        raw_st(r#"{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}"#, &[0; 24]),
     )
     .unwrap();
     assert_eq!(
@@ -1124,15 +1008,10 @@ fn inconsistent_header_entries() {
     // Reversed offsets.
     fs::write(
         &path,
-        raw_st(
-            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}}"#,
-            &[0; 24],
-        ),
+        raw_st(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}}"#, &[0; 24]),
     )
     .unwrap();
-    assert!(
-        err(dir.path()).contains("tensor a has data_offsets [8, 4] that end before they begin")
-    );
+    assert!(err(dir.path()).contains("tensor a has data_offsets [8, 4] that end before they begin"));
     // Offsets past the end: absolute byte positions.
     let header = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
     fs::write(&path, raw_st(header, &[0; 8])).unwrap();
@@ -1145,18 +1024,11 @@ fn inconsistent_header_entries() {
     // Missing keys, negative or huge dimensions.
     fs::write(
         &path,
-        raw_st(
-            r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#,
-            &[0; 4],
-        ),
+        raw_st(r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, &[0; 4]),
     )
     .unwrap();
     assert!(err(dir.path()).contains("tensor a has a malformed header entry"));
-    fs::write(
-        &path,
-        raw_st(r#"{"a":{"shape":[1],"data_offsets":[0,4]}}"#, &[0; 4]),
-    )
-    .unwrap();
+    fs::write(&path, raw_st(r#"{"a":{"shape":[1],"data_offsets":[0,4]}}"#, &[0; 4])).unwrap();
     assert!(err(dir.path()).contains("tensor a has a malformed header entry"));
     fs::write(
         &path,
@@ -1170,7 +1042,10 @@ fn inconsistent_header_entries() {
     // Huge offsets do not overflow.
     fs::write(
         &path,
-        raw_st(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551611,18446744073709551615]}}"#, &[]),
+        raw_st(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551611,18446744073709551615]}}"#,
+            &[],
+        ),
     )
     .unwrap();
     assert!(err(dir.path()).contains("is truncated: tensor a ends at byte"));
@@ -1259,10 +1134,7 @@ fn repository_fixtures() {
             (arch, head_dim, kv_heads, tied),
             "{name}"
         );
-        assert!(
-            s.layers.iter().all(|l| l.sliding_window == window),
-            "{name}"
-        );
+        assert!(s.layers.iter().all(|l| l.sliding_window == window), "{name}");
         assert_eq!(s.embed_dtype, DType::BF16, "{name}");
         assert_eq!(s.attention_bias, arch == Arch::Qwen2, "{name}");
         assert_eq!(s.qk_norm, arch == Arch::Qwen3, "{name}");
@@ -1289,10 +1161,7 @@ impl Rng {
 /// panics; whatever still loads passes its own check.
 #[test]
 fn corrupted_weight_files_never_panic() {
-    let text = config(
-        "Qwen3ForCausalLM",
-        json!({"head_dim": 8, "num_hidden_layers": 1}),
-    );
+    let text = config("Qwen3ForCausalLM", json!({"head_dim": 8, "num_hidden_layers": 1}));
     let dir = model(&text, norms_f32(St::BF16));
     let path = dir.path().join("model.safetensors");
     let good = fs::read(&path).unwrap();

@@ -126,9 +126,7 @@ impl Weights {
         if index.is_file() {
             return Weights::open_sharded(dir, index);
         }
-        Err(ModelError::NoWeights {
-            dir: dir.to_path_buf(),
-        })
+        Err(ModelError::NoWeights { dir: dir.to_path_buf() })
     }
 
     fn open_sharded(dir: &Path, index: PathBuf) -> Result<Weights, ModelError> {
@@ -190,10 +188,7 @@ impl Weights {
             tensors: HashMap::new(),
             weight_map: HashMap::new(),
         };
-        w.weight_map = by_tensor
-            .into_iter()
-            .map(|(t, shard)| (t.to_string(), shard))
-            .collect();
+        w.weight_map = by_tensor.into_iter().map(|(t, shard)| (t.to_string(), shard)).collect();
         for name in &shard_names {
             let path = dir.join(name);
             if !path.is_file() {
@@ -251,10 +246,10 @@ impl Weights {
             )));
         }
         let data_start = 8 + header_len as usize;
-        let header = std::str::from_utf8(&map[8..data_start])
-            .map_err(|e| not_st(format!("the header is not UTF-8 ({e})")))?;
-        let header: Value = serde_json::from_str(header)
-            .map_err(|e| not_st(format!("the header is not valid JSON ({e})")))?;
+        let header =
+            std::str::from_utf8(&map[8..data_start]).map_err(|e| not_st(format!("the header is not UTF-8 ({e})")))?;
+        let header: Value =
+            serde_json::from_str(header).map_err(|e| not_st(format!("the header is not valid JSON ({e})")))?;
         let Value::Object(header) = header else {
             return Err(not_st(format!(
                 "the header is {}, expected a JSON object",
@@ -283,10 +278,7 @@ impl Weights {
                 problem,
             };
             let malformed = || bad(format!("has a malformed header entry: {}", compact(info)));
-            let dtype_name = info
-                .get("dtype")
-                .and_then(Value::as_str)
-                .ok_or_else(malformed)?;
+            let dtype_name = info.get("dtype").and_then(Value::as_str).ok_or_else(malformed)?;
             let shape = info
                 .get("shape")
                 .and_then(Value::as_array)
@@ -318,10 +310,9 @@ impl Weights {
             }
             // Bits per element of every safetensors type, so sizes are checked even for
             // tensors Kiln will not read; an unknown type name is reported as such.
-            let bits =
-                serde_json::from_value::<safetensors::Dtype>(Value::String(dtype_name.to_string()))
-                    .ok()
-                    .map(|d| d.bitsize());
+            let bits = serde_json::from_value::<safetensors::Dtype>(Value::String(dtype_name.to_string()))
+                .ok()
+                .map(|d| d.bitsize());
             let bytes = match bits {
                 Some(bits) => {
                     let total_bits = shape
@@ -373,12 +364,10 @@ impl Weights {
             let start = data_start + raw.begin;
             let end = data_start + raw.end;
             let storage = match raw.dtype {
-                Some(dtype) if !(map.as_ptr() as usize + start).is_multiple_of(dtype.size()) => {
-                    Storage::Copied {
-                        buf: aligned_copy(&map[start..end]),
-                        len,
-                    }
-                }
+                Some(dtype) if !(map.as_ptr() as usize + start).is_multiple_of(dtype.size()) => Storage::Copied {
+                    buf: aligned_copy(&map[start..end]),
+                    len,
+                },
                 _ => Storage::Mapped { start, end },
             };
             // A name present in several shards: the one the index names wins, else the first.
@@ -434,11 +423,7 @@ impl Weights {
                 index.display()
             ),
             (Some(index), None) => {
-                format!(
-                    "{} or any of its {} shard files",
-                    index.display(),
-                    self.files.len()
-                )
+                format!("{} or any of its {} shard files", index.display(), self.files.len())
             }
             (None, _) => self
                 .files
@@ -458,11 +443,7 @@ impl Weights {
         };
         let (key, entry) = self.tensors.get_key_value(name).ok_or_else(missing)?;
         // Listed in one shard but only found in another: the index is authoritative.
-        if self
-            .weight_map
-            .get(name)
-            .is_some_and(|&shard| shard != entry.file)
-        {
+        if self.weight_map.get(name).is_some_and(|&shard| shard != entry.file) {
             return Err(missing());
         }
         let dtype = entry.dtype.ok_or_else(|| ModelError::UnsupportedDType {
@@ -518,10 +499,7 @@ impl Weights {
     /// Checks every tensor `layout` needs (presence, shape, a readable type) without looking
     /// at the types `layout` records, and returns the type each is stored in. Used with a
     /// spec from [`super::ModelConfig::uniform_spec`] to learn the real types.
-    pub fn check_layout(
-        &self,
-        layout: &ModelSpec,
-    ) -> Result<BTreeMap<WeightId, DType>, ModelError> {
+    pub fn check_layout(&self, layout: &ModelSpec) -> Result<BTreeMap<WeightId, DType>, ModelError> {
         weight_list(layout)
             .iter()
             .map(|req| Ok((req.id, self.check_req(req)?.0)))

@@ -129,11 +129,7 @@ impl SamplingParams {
             if ok {
                 Ok(())
             } else {
-                Err(InvalidSamplingParams {
-                    name,
-                    value,
-                    expected,
-                })
+                Err(InvalidSamplingParams { name, value, expected })
             }
         };
         let t = self.temperature;
@@ -340,8 +336,8 @@ impl Sampler {
         } else {
             1.0
         };
-        let penalties = !history.is_empty()
-            && (repetition != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0);
+        let penalties =
+            !history.is_empty() && (repetition != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0);
         // NaN or negative temperatures read as greedy too (see `validate`).
         let greedy = p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1;
         if greedy && !penalties {
@@ -349,11 +345,8 @@ impl Sampler {
         }
 
         self.work.clear();
-        self.work.extend(
-            logits
-                .iter()
-                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
-        );
+        self.work
+            .extend(logits.iter().map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }));
         penalize(
             &mut self.work,
             history,
@@ -392,11 +385,7 @@ impl Sampler {
         }
 
         // Softmax (unnormalised: the largest weight becomes exactly 1).
-        let max = self
-            .cand
-            .iter()
-            .map(|c| c.weight)
-            .fold(f32::NEG_INFINITY, f32::max);
+        let max = self.cand.iter().map(|c| c.weight).fold(f32::NEG_INFINITY, f32::max);
         if max == f32::INFINITY {
             // Overflow (huge logit over a tiny temperature): the +inf tokens share the mass.
             for c in &mut self.cand {

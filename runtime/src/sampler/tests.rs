@@ -51,20 +51,12 @@ fn softmax_matches_hand_computed_values() {
     // numpy: e = exp(x - 4); e / e.sum() for x = [1, 2, 3, 4]
     let mut v = [1.0, 2.0, 3.0, 4.0];
     softmax(&mut v);
-    assert_close(
-        &v,
-        &[0.032058603, 0.087144319, 0.236882818, 0.64391426],
-        1e-6,
-    );
+    assert_close(&v, &[0.032058603, 0.087144319, 0.236882818, 0.64391426], 1e-6);
 
     // Shift invariance with large logits (no overflow).
     let mut v = [1001.0, 1002.0, 1003.0, 1004.0];
     softmax(&mut v);
-    assert_close(
-        &v,
-        &[0.032058603, 0.087144319, 0.236882818, 0.64391426],
-        1e-6,
-    );
+    assert_close(&v, &[0.032058603, 0.087144319, 0.236882818, 0.64391426], 1e-6);
 }
 
 #[test]
@@ -201,16 +193,9 @@ fn min_p_drops_tokens_below_the_scaled_maximum() {
 #[test]
 fn default_params_are_llama_cpp_defaults_and_valid() {
     let d = SamplingParams::default();
+    assert_eq!((d.temperature, d.top_k, d.top_p, d.min_p), (0.8, 40, 0.95, 0.05));
     assert_eq!(
-        (d.temperature, d.top_k, d.top_p, d.min_p),
-        (0.8, 40, 0.95, 0.05)
-    );
-    assert_eq!(
-        (
-            d.repetition_penalty,
-            d.frequency_penalty,
-            d.presence_penalty
-        ),
+        (d.repetition_penalty, d.frequency_penalty, d.presence_penalty),
         (1.0, 0.0, 0.0)
     );
     assert_eq!(d.seed, None);
@@ -232,23 +217,11 @@ fn validate_names_the_bad_field() {
     assert_eq!(bad(|p| p.top_p = 0.0).name, "top_p");
     assert_eq!(bad(|p| p.top_p = 1.5).name, "top_p");
     assert_eq!(bad(|p| p.min_p = -0.1).name, "min_p");
-    assert_eq!(
-        bad(|p| p.repetition_penalty = 0.0).name,
-        "repetition_penalty"
-    );
-    assert_eq!(
-        bad(|p| p.frequency_penalty = f32::INFINITY).name,
-        "frequency_penalty"
-    );
-    assert_eq!(
-        bad(|p| p.presence_penalty = f32::NAN).name,
-        "presence_penalty"
-    );
+    assert_eq!(bad(|p| p.repetition_penalty = 0.0).name, "repetition_penalty");
+    assert_eq!(bad(|p| p.frequency_penalty = f32::INFINITY).name, "frequency_penalty");
+    assert_eq!(bad(|p| p.presence_penalty = f32::NAN).name, "presence_penalty");
     let msg = bad(|p| p.top_p = 1.5).to_string();
-    assert_eq!(
-        msg,
-        "invalid sampling parameter top_p = 1.5: a number in (0, 1]"
-    );
+    assert_eq!(msg, "invalid sampling parameter top_p = 1.5: a number in (0, 1]");
 }
 
 #[test]
@@ -369,20 +342,14 @@ fn ties_are_broken_towards_the_lower_id() {
         let kept_want: Vec<u32> = (0..3000).filter(|&i| want[i as usize] > 0.0).collect();
         let mut kept_got: Vec<u32> = got.iter().map(|x| x.0).collect();
         kept_got.sort_unstable();
-        assert_eq!(
-            kept_got, kept_want,
-            "top_k {top_k} top_p {top_p} min_p {min_p}"
-        );
+        assert_eq!(kept_got, kept_want, "top_k {top_k} top_p {top_p} min_p {min_p}");
     }
     // With top-k 2 over [1, 3, 3, 3]: tokens 1 and 2 (lower ids first), half each.
     let mut s = Sampler::new(SamplingParams {
         top_k: 2,
         ..params(1.0, 1)
     });
-    assert_eq!(
-        s.distribution(&[1.0, 3.0, 3.0, 3.0], &[]),
-        vec![(1, 0.5), (2, 0.5)]
-    );
+    assert_eq!(s.distribution(&[1.0, 3.0, 3.0, 3.0], &[]), vec![(1, 0.5), (2, 0.5)]);
 }
 
 #[test]
@@ -522,9 +489,7 @@ fn sampled_sequence_is_pinned() {
     let got: Vec<u32> = (0..24).map(|_| s.sample(&logits, &[])).collect();
     assert_eq!(
         got,
-        [
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 0, 2, 0, 1, 1, 0, 0, 0, 0, 2, 2
-        ]
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 0, 2, 0, 1, 1, 0, 0, 0, 0, 2, 2]
     );
 }
 

@@ -43,11 +43,7 @@ pub(super) fn penalize(
             continue;
         };
         if repetition != 1.0 {
-            *l = if *l > 0.0 {
-                *l / repetition
-            } else {
-                *l * repetition
-            };
+            *l = if *l > 0.0 { *l / repetition } else { *l * repetition };
         }
         *l -= run.len() as f32 * frequency + presence;
     }
@@ -65,12 +61,7 @@ pub fn argmax(logits: &[f32]) -> usize {
             best_value = l;
         }
     }
-    best.unwrap_or_else(|| {
-        logits
-            .iter()
-            .position(|&l| l == f32::NEG_INFINITY)
-            .unwrap_or(0)
-    })
+    best.unwrap_or_else(|| logits.iter().position(|&l| l == f32::NEG_INFINITY).unwrap_or(0))
 }
 
 /// Replaces logits by their softmax probabilities, in place. `-inf` (and NaN) entries get 0;

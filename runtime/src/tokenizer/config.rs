@@ -66,9 +66,10 @@ fn token_spec(file: &str, key: &str, v: &Value) -> Result<Option<TokenSpec>, Tok
             normalized: None,
         })),
         Value::Object(o) => {
-            let content = o.get("content").and_then(Value::as_str).ok_or_else(|| {
-                invalid(file, key, "a string or an object with a \"content\" string")
-            })?;
+            let content = o
+                .get("content")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(file, key, "a string or an object with a \"content\" string"))?;
             let flag = |name: &str| -> Result<Option<bool>, TokenizerError> {
                 match o.get(name) {
                     None | Some(Value::Null) => Ok(None),
@@ -160,9 +161,7 @@ impl TokenizerConfig {
             Some(Value::Object(items)) => {
                 for (id, item) in items {
                     let key = format!("added_tokens_decoder.{id}");
-                    let id: u32 = id
-                        .parse()
-                        .map_err(|_| invalid(file, &key, "keyed by a token id"))?;
+                    let id: u32 = id.parse().map_err(|_| invalid(file, &key, "keyed by a token id"))?;
                     if let Some(t) = token_spec(file, &key, item)? {
                         c.added_tokens.push((id, t));
                     }
@@ -191,8 +190,7 @@ impl TokenizerConfig {
                             "a string or a list of {\"name\", \"template\"} objects",
                         ));
                     };
-                    c.named_chat_templates
-                        .push((name.to_string(), template.to_string()));
+                    c.named_chat_templates.push((name.to_string(), template.to_string()));
                 }
                 c.chat_template = c
                     .named_chat_templates

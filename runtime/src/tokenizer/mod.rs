@@ -141,11 +141,7 @@ impl fmt::Debug for Tokenizer {
 
 /// Joins a multi-line library message into one line.
 fn one_line(message: impl fmt::Display) -> String {
-    message
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    message.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, TokenizerError> {
@@ -171,21 +167,16 @@ impl Tokenizer {
 
         let config_path = dir.join("tokenizer_config.json");
         let config = match read_optional(&config_path)? {
-            Some(bytes) => Some(TokenizerConfig::parse(
-                &config_path.display().to_string(),
-                &bytes,
-            )?),
+            Some(bytes) => Some(TokenizerConfig::parse(&config_path.display().to_string(), &bytes)?),
             None => None,
         };
 
         let template_path = dir.join("chat_template.jinja");
         let template = match read_optional(&template_path)? {
-            Some(bytes) => Some(
-                String::from_utf8(bytes).map_err(|_| TokenizerError::Invalid {
-                    file: template_path.display().to_string(),
-                    message: "not UTF-8 text".to_string(),
-                })?,
-            ),
+            Some(bytes) => Some(String::from_utf8(bytes).map_err(|_| TokenizerError::Invalid {
+                file: template_path.display().to_string(),
+                message: "not UTF-8 text".to_string(),
+            })?),
             None => None,
         };
 
@@ -230,37 +221,31 @@ impl Tokenizer {
             .as_deref()
             .map(|c| c.strip_suffix("Fast").unwrap_or(c));
         // As AutoTokenizer: a "LlamaTokenizer" whose file is byte-level loads as is.
-        let llama_rebuild =
-            class == Some("LlamaTokenizer") && !json.windows(11).any(|w| w == b"\"ByteLevel\"");
+        let llama_rebuild = class == Some("LlamaTokenizer") && !json.windows(11).any(|w| w == b"\"ByteLevel\"");
 
         let mut tok = if llama_rebuild {
-            let mut value: Value =
-                serde_json::from_slice(json).map_err(|e| TokenizerError::Json {
-                    file: file.to_string(),
-                    message: e.to_string(),
-                })?;
+            let mut value: Value = serde_json::from_slice(json).map_err(|e| TokenizerError::Json {
+                file: file.to_string(),
+                message: e.to_string(),
+            })?;
             if value.pointer("/model/type").and_then(Value::as_str) == Some("BPE") {
                 rebuild_llama(&mut value, &config);
             }
-            serde_json::from_value::<tokenizers::Tokenizer>(value.clone())
-                .map_err(|e| load_error(file, &value, e))?
+            serde_json::from_value::<tokenizers::Tokenizer>(value.clone()).map_err(|e| load_error(file, &value, e))?
         } else {
-            tokenizers::Tokenizer::from_bytes(json).map_err(|e| {
-                match serde_json::from_slice::<Value>(json) {
-                    Err(json_error) => TokenizerError::Json {
-                        file: file.to_string(),
-                        message: json_error.to_string(),
-                    },
-                    Ok(value) => load_error(file, &value, e),
-                }
+            tokenizers::Tokenizer::from_bytes(json).map_err(|e| match serde_json::from_slice::<Value>(json) {
+                Err(json_error) => TokenizerError::Json {
+                    file: file.to_string(),
+                    message: json_error.to_string(),
+                },
+                Ok(value) => load_error(file, &value, e),
             })?
         };
 
-        tok.with_truncation(None)
-            .map_err(|e| TokenizerError::Invalid {
-                file: file.to_string(),
-                message: one_line(e),
-            })?;
+        tok.with_truncation(None).map_err(|e| TokenizerError::Invalid {
+            file: file.to_string(),
+            message: one_line(e),
+        })?;
         tok.with_padding(None);
         if config.split_special_tokens {
             tok.set_encode_special_tokens(true);
@@ -268,23 +253,15 @@ impl Tokenizer {
 
         add_config_tokens(&mut tok, &config).map_err(|e| TokenizerError::Invalid {
             file: file.to_string(),
-            message: format!(
-                "cannot add the tokens named in tokenizer_config.json: {}",
-                one_line(e)
-            ),
+            message: format!("cannot add the tokens named in tokenizer_config.json: {}", one_line(e)),
         })?;
 
         let added = tok.get_added_tokens_decoder();
-        let special_ids: HashSet<u32> = added
-            .iter()
-            .filter(|(_, t)| t.special)
-            .map(|(id, _)| *id)
-            .collect();
+        let special_ids: HashSet<u32> = added.iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
         let max_added = added.keys().max().map_or(0, |id| *id as usize + 1);
         let vocab_size = tok.get_vocab_size(false).max(max_added);
 
-        let id_of =
-            |spec: &Option<TokenSpec>| spec.as_ref().and_then(|t| tok.token_to_id(&t.content));
+        let id_of = |spec: &Option<TokenSpec>| spec.as_ref().and_then(|t| tok.token_to_id(&t.content));
         let bos_token_id = id_of(&config.bos_token);
         let pad_token_id = id_of(&config.pad_token);
         let mut eos_token_ids = Vec::new();
@@ -436,8 +413,7 @@ fn load_error(file: &str, value: &Value, e: impl fmt::Display) -> TokenizerError
         },
         _ => {
             let message = one_line(e);
-            if message.contains("unknown variant") || message.contains("did not match any variant")
-            {
+            if message.contains("unknown variant") || message.contains("did not match any variant") {
                 TokenizerError::Unsupported {
                     file: file.to_string(),
                     message,
@@ -493,10 +469,7 @@ fn rebuild_llama(value: &mut Value, config: &TokenizerConfig) {
 /// Adds the tokens `tokenizer_config.json` names that `tokenizer.json` does not have among its
 /// added tokens, in `transformers`' order: `added_tokens_decoder` by id, the named special
 /// tokens, then the extra special tokens.
-fn add_config_tokens(
-    tok: &mut tokenizers::Tokenizer,
-    config: &TokenizerConfig,
-) -> tokenizers::Result<()> {
+fn add_config_tokens(tok: &mut tokenizers::Tokenizer, config: &TokenizerConfig) -> tokenizers::Result<()> {
     let mut present: HashSet<String> = tok
         .get_added_tokens_decoder()
         .into_values()

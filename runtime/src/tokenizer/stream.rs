@@ -96,7 +96,6 @@ impl TextStreamer {
         }
         // The new ids changed the text already sent (an invalid byte-fallback run, see
         // above): send what the new ids decode to on their own.
-        self.tokenizer
-            .decode(&self.ids[self.read..], self.skip_special_tokens)
+        self.tokenizer.decode(&self.ids[self.read..], self.skip_special_tokens)
     }
 }

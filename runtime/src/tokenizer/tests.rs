@@ -11,9 +11,7 @@ use super::expected::*;
 use super::*;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
 }
 
 fn read_json(path: &Path) -> Value {
@@ -46,8 +44,7 @@ impl TempDir {
     fn new() -> TempDir {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("kiln-tokenizer-test-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("kiln-tokenizer-test-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -148,18 +145,14 @@ fn qwen_style_encodes_as_transformers() {
 
 #[test]
 fn truncation_in_tokenizer_json_is_ignored() {
-    let trunc =
-        json!({"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0});
+    let trunc = json!({"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0});
     let tok = variant("qwen-bpe", json!({}), json!({"truncation": trunc}));
     check_encodings(&tok, QWEN_TRUNCATION, true, "truncation");
 }
 
 #[test]
 fn decode_matches_transformers() {
-    for (dir, expected, ids) in [
-        ("llama-spm", LLAMA_DECODED, LLAMA),
-        ("qwen-bpe", QWEN_DECODED, QWEN),
-    ] {
+    for (dir, expected, ids) in [("llama-spm", LLAMA_DECODED, LLAMA), ("qwen-bpe", QWEN_DECODED, QWEN)] {
         let tok = Tokenizer::from_dir(&fixture(dir)).unwrap();
         for ((plain, skipped), ids) in expected.iter().zip(ids) {
             assert_eq!(tok.decode(ids, false).unwrap(), *plain, "{dir}: {ids:?}");
@@ -189,10 +182,7 @@ fn special_token_info_matches_transformers() {
     assert_eq!(llama.token_to_id("<|user|>"), Some(700));
     assert_eq!(llama.id_to_token(100_000), None);
     // Ids outside the vocabulary are skipped by decode, as in transformers.
-    assert_eq!(
-        llama.decode(&[437, 100_000, 435], false).unwrap(),
-        "Hello world"
-    );
+    assert_eq!(llama.decode(&[437, 100_000, 435], false).unwrap(), "Hello world");
 
     let qwen = Tokenizer::from_dir(&fixture("qwen-bpe")).unwrap();
     let (bos, eos, len) = QWEN_INFO;
@@ -226,10 +216,7 @@ fn config_tokens_missing_from_tokenizer_json_are_added() {
         json!({"additional_special_tokens": ["▁Hello", "<|z|>"]}),
         json!({}),
     );
-    assert_eq!(
-        tok.encode("a▁Hello <|z|>", true).unwrap(),
-        [1, 368, 437, 330, 702]
-    );
+    assert_eq!(tok.encode("a▁Hello <|z|>", true).unwrap(), [1, 368, 437, 330, 702]);
     assert!(tok.is_special(437));
 }
 
@@ -255,11 +242,7 @@ fn chat_templates() {
 
     // A list of named templates: "default" is the one.
     let qwen = Tokenizer::from_dir(&fixture("qwen-bpe")).unwrap();
-    assert!(
-        qwen.chat_template()
-            .unwrap()
-            .starts_with("{% for m in messages %}")
-    );
+    assert!(qwen.chat_template().unwrap().starts_with("{% for m in messages %}"));
     assert_eq!(qwen.named_chat_template("tool_use"), Some("TOOLS"));
     assert_eq!(qwen.named_chat_template("nope"), None);
 
@@ -344,10 +327,7 @@ fn malformed_tokenizer_json() {
 
     // Malformed in the Llama rebuild path too.
     dir.write("tokenizer.json", b"{oops");
-    dir.write(
-        "tokenizer_config.json",
-        br#"{"tokenizer_class": "LlamaTokenizerFast"}"#,
-    );
+    dir.write("tokenizer_config.json", br#"{"tokenizer_class": "LlamaTokenizerFast"}"#);
     let e = load_err(&dir);
     assert!(e.contains("tokenizer.json: malformed JSON: "), "{e}");
 }
@@ -411,10 +391,7 @@ fn malformed_tokenizer_config() {
     let e = Tokenizer::from_json_bytes(b"{}", Some(b"nope"))
         .unwrap_err()
         .to_string();
-    assert!(
-        e.starts_with("tokenizer_config.json: malformed JSON: "),
-        "{e}"
-    );
+    assert!(e.starts_with("tokenizer_config.json: malformed JSON: "), "{e}");
 }
 
 #[test]
@@ -422,10 +399,7 @@ fn malformed_generation_config() {
     let dir = TempDir::copy_of("qwen-bpe");
     dir.write("generation_config.json", b"{");
     let e = load_err(&dir);
-    assert!(
-        e.contains("generation_config.json: malformed JSON: "),
-        "{e}"
-    );
+    assert!(e.contains("generation_config.json: malformed JSON: "), "{e}");
     dir.write("generation_config.json", br#"{"eos_token_id": "x"}"#);
     let e = load_err(&dir);
     assert!(
@@ -439,10 +413,7 @@ fn chat_template_jinja_must_be_utf8() {
     let dir = TempDir::copy_of("qwen-bpe");
     dir.write("chat_template.jinja", &[0xff, 0xfe, 0x00]);
     let e = load_err(&dir);
-    assert!(
-        e.ends_with("chat_template.jinja: invalid: not UTF-8 text"),
-        "{e}"
-    );
+    assert!(e.ends_with("chat_template.jinja: invalid: not UTF-8 text"), "{e}");
 }
 
 // ---------------------------------------------------------------- streaming
@@ -514,10 +485,7 @@ fn streaming_holds_split_characters_byte_level() {
     let tok = Tokenizer::from_dir(&fixture("qwen-bpe")).unwrap();
     for text in ["🦀", "龍", "👍🏽"] {
         let ids = tok.encode(text, false).unwrap();
-        assert!(
-            ids.len() >= 2,
-            "{text:?} should span several tokens: {ids:?}"
-        );
+        assert!(ids.len() >= 2, "{text:?} should span several tokens: {ids:?}");
         let chunks = stream(&tok, &ids, false);
         // Every step before a character completes is silent; the joined text is exact.
         let emitted: Vec<&String> = chunks.iter().flatten().collect();
@@ -532,9 +500,7 @@ fn streaming_holds_split_characters_byte_level() {
 #[test]
 fn streaming_skips_special_tokens_when_asked() {
     let tok = Tokenizer::from_dir(&fixture("qwen-bpe")).unwrap();
-    let ids = tok
-        .encode("<|im_start|>assistant\nhi<|im_end|>", false)
-        .unwrap();
+    let ids = tok.encode("<|im_start|>assistant\nhi<|im_end|>", false).unwrap();
     let chunks = stream(&tok, &ids, true);
     assert_eq!(chunks[0], None); // <|im_start|> alone is nothing
     let text: String = chunks.iter().flatten().cloned().collect();
@@ -564,12 +530,7 @@ fn streaming_random_ids_reproduces_decode() {
             while ids.len() < len {
                 let id = next(n);
                 if dir == "llama-spm" && (3..259).contains(&id) {
-                    let ranges = [
-                        (0x20, 0x7f),
-                        (0xc0, 0x180),
-                        (0x4e00, 0xa000),
-                        (0x1f300, 0x1f600),
-                    ];
+                    let ranges = [(0x20, 0x7f), (0xc0, 0x180), (0x4e00, 0xa000), (0x1f300, 0x1f600)];
                     let (lo, hi) = ranges[next(4) as usize];
                     let c = char::from_u32(lo + next(hi - lo)).unwrap();
                     let mut buf = [0u8; 4];
@@ -648,19 +609,18 @@ fn real_qwen_tokenizer_when_available() {
             "Hello, world! Héllo naïve café — 你好，世界 🦀🎉 <|im_start|>user\nfn main() { \
              println!(\"{}\", 1+2); }<|im_end|>\n  \t x  ",
             &[
-                9707, 11, 1879, 0, 472, 18503, 385, 94880, 586, 51950, 1959, 220, 108386, 3837,
-                99489, 11162, 99, 222, 144841, 220, 151644, 872, 198, 8822, 1887, 368, 314, 13751,
-                79878, 220, 16, 10, 17, 1215, 335, 151645, 198, 19271, 856, 256,
+                9707, 11, 1879, 0, 472, 18503, 385, 94880, 586, 51950, 1959, 220, 108386, 3837, 99489, 11162, 99, 222,
+                144841, 220, 151644, 872, 198, 8822, 1887, 368, 314, 13751, 79878, 220, 16, 10, 17, 1215, 335, 151645,
+                198, 19271, 856, 256,
             ],
         ),
         (
             "<|im_start|>system\nYou are Kiln.<|im_end|>\n<|im_start|>assistant\n<think>\n\n\
              </think>\n\nÇa marche: ½ × 3 = 1.5 ✓ 👩‍👩‍👧‍👦",
             &[
-                151644, 8948, 198, 2610, 525, 37888, 77, 13, 151645, 198, 151644, 77091, 198,
-                151667, 271, 151668, 271, 45913, 64, 15217, 68, 25, 220, 26062, 24768, 220, 18,
-                284, 220, 16, 13, 20, 52375, 61804, 102, 378, 235, 145233, 378, 235, 145665, 378,
-                235, 145988,
+                151644, 8948, 198, 2610, 525, 37888, 77, 13, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271,
+                45913, 64, 15217, 68, 25, 220, 26062, 24768, 220, 18, 284, 220, 16, 13, 20, 52375, 61804, 102, 378,
+                235, 145233, 378, 235, 145665, 378, 235, 145988,
             ],
         ),
         (
@@ -715,20 +675,12 @@ fn golden_fixture_models() {
         for case in golden["cases"].as_array().unwrap() {
             let prompt = case["prompt"].as_str().unwrap();
             let prompt_ids = ids(&case["prompt_token_ids"]);
-            assert_eq!(
-                tok.encode(prompt, true).unwrap(),
-                prompt_ids,
-                "{name}: {prompt:?}"
-            );
+            assert_eq!(tok.encode(prompt, true).unwrap(), prompt_ids, "{name}: {prompt:?}");
             assert_eq!(tok.decode(&prompt_ids, true).unwrap(), prompt, "{name}");
 
             let greedy = ids(&case["greedy_token_ids"]);
             let text = case["greedy_text"].as_str().unwrap();
-            assert_eq!(
-                tok.decode(&greedy, false).unwrap(),
-                text,
-                "{name}: {greedy:?}"
-            );
+            assert_eq!(tok.decode(&greedy, false).unwrap(), text, "{name}: {greedy:?}");
             if name.starts_with("qwen") {
                 // Byte-level: the stream is exact even on this random-model gibberish.
                 stream(&tok, &greedy, false);
@@ -741,8 +693,7 @@ fn golden_fixture_models() {
                 .map(|x| x.as_f64().unwrap() as f32)
                 .collect();
             assert_eq!(logits.len(), tok.vocab_size(), "{name}");
-            let mut sampler =
-                crate::sampler::Sampler::new(crate::sampler::SamplingParams::greedy());
+            let mut sampler = crate::sampler::Sampler::new(crate::sampler::SamplingParams::greedy());
             assert_eq!(sampler.sample(&logits, &prompt_ids), greedy[0], "{name}");
         }
 
