@@ -59,8 +59,43 @@ def ensure_llama_cpp():
         import gguf  # noqa: F401
     except ImportError:
         pip_install("gguf")
+    try:
+        # convert_hf_to_gguf.py imports it before falling back to tokenizer.json for Qwen.
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        pip_install("sentencepiece")
     import llama_cpp
     return llama_cpp.__version__
+
+
+def download_sdist(project, version, dest):
+    """Downloads `project==version`'s source distribution from PyPI's simple index (JSON form)
+    and checks its sha256. `pip download --no-binary :all:` would build every build dependency
+    (cmake among them) from source just to read the package's metadata."""
+    import urllib.request
+    name = project.replace("-", "_")
+    want = f"{name}-{version}.tar.gz"
+    out = dest / want
+    if out.exists():
+        return out
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    req = urllib.request.Request(f"{index}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        files = json.load(r)["files"]
+    entry = next((f for f in files if f["filename"] == want), None)
+    if entry is None:
+        sys.exit(f"{want} is not on {index}/{project}/")
+    tmp = out.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(entry["url"], timeout=600) as r, open(tmp, "wb") as f:
+        while chunk := r.read(1 << 20):
+            digest.update(chunk)
+            f.write(chunk)
+    if digest.hexdigest() != entry["hashes"]["sha256"]:
+        tmp.unlink()
+        sys.exit(f"{want}: sha256 mismatch")
+    tmp.rename(out)
+    return out
 
 
 def converter(version):
@@ -71,9 +106,7 @@ def converter(version):
         return script
     WORK.mkdir(parents=True, exist_ok=True)
     log(f"fetching the llama-cpp-python {version} source distribution for convert_hf_to_gguf.py")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={version}", "-d", str(WORK)], check=True)
-    sdist = next(WORK.glob(f"llama_cpp_python-{version}.tar.gz"))
+    sdist = download_sdist("llama-cpp-python", version, WORK)
     with tarfile.open(sdist) as t:
         t.extractall(WORK, filter="data")
     extracted = WORK / f"llama_cpp_python-{version}"
@@ -217,7 +250,7 @@ def main():
     k, l = med["kiln"], med["llama.cpp"]
     last_kiln = results["kiln"][-1]
     now = datetime.datetime.now(datetime.timezone.utc)
-    label = args.label or model.stem
+    label = args.label or (model.stem if model.suffix == ".gguf" else model.name)
     lines = [
         f"# Kiln vs llama.cpp — {label}",
         "",

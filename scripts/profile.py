@@ -50,6 +50,20 @@ def summarise(plan, head, key, read_peak, fma_peak):
     return out, total_ns / rows / 1e6
 
 
+def barrier_report(name, plan, head):
+    """Barriers per token and the time each thread waited at them: the cost of the barriers
+    themselves plus load imbalance (a thread that finishes its share early waits)."""
+    parts = [p for p in (plan, head) if p and "barrier_wait_nanos" in p]
+    if not parts:
+        return
+    rows = plan["rows"] or 1
+    per_run = sum(p.get("barriers_per_run", 0) * (p["runs"] or 0) for p in parts) / (plan["runs"] or 1)
+    waits = [sum(w) for w in zip(*(p["barrier_wait_nanos"] for p in parts))]
+    unit = "token" if name == "decode" else "prompt token"
+    per_tok = ", ".join(f"thread {i} {w / rows / 1e6:.3f} ms" for i, w in enumerate(waits))
+    print(f"barriers: {per_run:.0f} per run; waited per {unit}: {per_tok}")
+
+
 def fmt_pct(v):
     return "   -" if v is None else f"{v:4.0f}"
 
@@ -89,6 +103,7 @@ def main():
                 print("| " + " | ".join(cells) + " |")
             else:
                 print(f"{cells[0][:44]:<44} {cells[1]:>8} {cells[2]:>7} {cells[3]:>8} {cells[4]:>7} {cells[5]:>6} {cells[6]:>8} {cells[7]:>5} {cells[8]:>5}")
+        barrier_report(name, plan, head)
     return 0
 
 

@@ -1,10 +1,10 @@
 //! `kiln bench`: prefill and decode speed on a fixed synthetic prompt, judged against this
 //! machine's probed ceilings; and the `KILN_PROFILE=1` per-kernel profile file.
 
-use crate::commands::{human_bytes, load_probe};
+use crate::commands::{human_bytes, load_probe, probe_library};
 use crate::session::{OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
-use kiln_runtime::probe::load_average;
+use kiln_runtime::probe::{ReadProbe, load_average};
 use kiln_runtime::sampler::argmax;
 use kiln_spec::HostCpu;
 use serde_json::json;
@@ -22,7 +22,13 @@ pub struct BenchArgs {
     pub json: bool,
     /// Only print the synthetic prompt's token ids (for peers measured on the same ids).
     pub print_prompt: bool,
+    /// Skip the read-bandwidth measurement between repetitions (saves ~1 GiB of memory and a
+    /// second per repetition; decode is then judged against the stored `kiln probe` only).
+    pub no_probe: bool,
 }
+
+/// Read-probe passes after each repetition; the best of them is that repetition's ceiling.
+const PROBE_PASSES: usize = 3;
 
 /// A deterministic prompt of `n` ordinary token ids (no special tokens at either end of the
 /// vocabulary).
@@ -74,7 +80,19 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         );
     }
     let threads = session.engine.threads();
+    let host = HostCpu::detect();
+    let read_probe = if args.no_probe {
+        None
+    } else {
+        let cache = crate::session::open_cache(None)?;
+        let (lib, buffer_bytes, lanes) = probe_library(&host, &cache, !args.json)?;
+        Some(ReadProbe::open(&lib.path, buffer_bytes, lanes)?)
+    };
     let load_before = load_average();
+    // Per repetition: the read ceiling measured right after it, and decode's share of it.
+    let mut ceilings = Vec::new();
+    let mut shares = Vec::new();
+    let bytes_per_token = spec.weight_bytes_per_token();
 
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
@@ -91,9 +109,15 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         }
         let decode_s = t.elapsed().as_secs_f64();
         let (p, d) = (args.prompt_tokens as f64 / prefill_s, args.gen_tokens as f64 / decode_s);
+        let ceiling = read_probe
+            .as_ref()
+            .map(|probe| probe.best_gb_s(session.engine.pool(), PROBE_PASSES));
+        let share = ceiling.map(|c| 100.0 * d * bytes_per_token as f64 / 1e9 / c);
         if rep > 0 {
             prefill.push(p);
             decode.push(d);
+            ceilings.extend(ceiling);
+            shares.extend(share);
         }
         if !args.json {
             let label = if rep == 0 {
@@ -101,11 +125,16 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             } else {
                 format!("rep {rep}/{}", args.reps)
             };
-            eprintln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s");
+            let read = match (ceiling, share) {
+                (Some(c), Some(s)) => format!(" ({s:.0} % of {c:.1} GB/s read right after)"),
+                _ => String::new(),
+            };
+            eprintln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s{read}");
         }
     }
+    let in_run_ceiling = (!ceilings.is_empty()).then(|| median(&mut ceilings.clone()));
+    let in_run_share = (!shares.is_empty()).then(|| median(&mut shares.clone()));
     let (prefill_tok_s, decode_tok_s) = (median(&mut prefill), median(&mut decode));
-    let bytes_per_token = spec.weight_bytes_per_token();
     let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
     // Matmul flops per prompt token (the output head runs once per prefill, on the last row).
     let head = 2 * spec.vocab_size as u64 * spec.hidden_size as u64;
@@ -115,9 +144,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         .map(|s| s.kernel.flops(1, 0))
         .sum();
     let prefill_gflop_s = prefill_tok_s * (layer_flops as f64 + head as f64 / args.prompt_tokens as f64) / 1e9;
-    let host = HostCpu::detect();
     let probe = load_probe(&host);
-    let read_ceiling = probe.as_ref().and_then(|p| p.read_at(threads));
+    let stored_read = probe.as_ref().and_then(|p| p.read_at(threads));
     let fma_ceiling = probe.as_ref().and_then(|p| p.fma_at(threads));
     let load_after = load_average();
     write_profile(&session)?;
@@ -135,8 +163,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "decode_tok_s_all": decode,
         "weight_bytes_per_token": bytes_per_token,
         "decode_gb_s": decode_gb_s,
-        "decode_pct_of_probe": read_ceiling.map(|c| 100.0 * decode_gb_s / c),
-        "probe_read_gb_s": read_ceiling,
+        // Against the read bandwidth measured between repetitions (median of the per-repetition
+        // shares), else against the stored probe.
+        "decode_pct_of_probe": in_run_share.or(stored_read.map(|c| 100.0 * decode_gb_s / c)),
+        "probe_read_gb_s": in_run_ceiling.or(stored_read),
+        "in_run_read_gb_s_all": ceilings,
+        "decode_pct_of_in_run_read_all": shares,
+        "stored_probe_read_gb_s": stored_read,
+        "decode_pct_of_stored_probe": stored_read.map(|c| 100.0 * decode_gb_s / c),
         "prefill_gflop_s": prefill_gflop_s,
         "prefill_pct_of_fma_peak": fma_ceiling.map(|c| 100.0 * prefill_gflop_s / c),
         "probe_fma_gflop_s": fma_ceiling,
@@ -163,12 +197,27 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     println!(
         "decode   {decode_tok_s:>8.2} tok/s  ({} per token, {decode_gb_s:.1} GB/s{})",
         human_bytes(bytes_per_token),
-        pct(read_ceiling.map(|c| decode_gb_s / c), "read bandwidth")
+        pct(stored_read.map(|c| decode_gb_s / c), "stored probe")
     );
+    if let (Some(c), Some(s)) = (in_run_ceiling, in_run_share) {
+        println!(
+            "         {s:.0} % of the read bandwidth measured between repetitions ({c:.1} GB/s, median; per repetition: {})",
+            shares_list(&ceilings, &shares)
+        );
+    }
     if probe.is_none() {
         println!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)");
     }
     Ok(())
+}
+
+fn shares_list(ceilings: &[f64], shares: &[f64]) -> String {
+    ceilings
+        .iter()
+        .zip(shares)
+        .map(|(c, s)| format!("{s:.0} % of {c:.1}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn pct(ratio: Option<f64>, what: &str) -> String {
@@ -204,7 +253,14 @@ pub fn write_profile(session: &Session) -> Result<()> {
                     })
                 })
                 .collect();
-            json!({"name": p.name, "runs": p.runs, "rows": p.rows, "nodes": nodes})
+            json!({
+                "name": p.name,
+                "runs": p.runs,
+                "rows": p.rows,
+                "nodes": nodes,
+                "barriers_per_run": p.barriers_per_run,
+                "barrier_wait_nanos": p.barrier_wait_nanos,
+            })
         })
         .collect();
     let out = json!({

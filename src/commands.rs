@@ -416,10 +416,14 @@ pub fn load_probe(host: &HostCpu) -> Option<ProbeResult> {
     serde_json::from_str(&text).ok()
 }
 
-pub fn probe(passes: usize, as_json: bool) -> Result<()> {
-    let host = HostCpu::detect();
-    let cache = open_cache(None)?;
-    let options = compile_options(&host, None);
+/// The probe library for this machine (compiled into the cache on first use), its buffer size
+/// and vector width.
+pub fn probe_library(
+    host: &HostCpu,
+    cache: &Cache,
+    progress: bool,
+) -> Result<(session::CompiledLibrary, usize, usize)> {
+    let options = compile_options(host, None);
     let buffer_bytes = probe_buffer_bytes();
     let (read, fma) = probe_kernels(buffer_bytes, options.f32_lanes);
     let kernels = vec![read, fma];
@@ -437,30 +441,31 @@ pub fn probe(passes: usize, as_json: bool) -> Result<()> {
     };
     let lib = session::ensure_library(
         &request,
-        &host,
-        &cache,
+        host,
+        cache,
         &OpenOptions {
-            progress: !as_json,
+            progress,
             ..OpenOptions::default()
         },
     )?;
+    Ok((lib, buffer_bytes, request.options.f32_lanes))
+}
+
+pub fn probe(passes: usize, as_json: bool) -> Result<()> {
+    let host = HostCpu::detect();
+    let cache = open_cache(None)?;
+    let (lib, buffer_bytes, lanes) = probe_library(&host, &cache, !as_json)?;
     if !as_json {
         eprintln!(
             "probing with a {} buffer, best of {passes} passes per thread count",
             human_bytes(buffer_bytes as u64)
         );
     }
-    let result = run_probe(
-        &lib.path,
-        buffer_bytes,
-        request.options.f32_lanes,
-        passes,
-        &mut |line| {
-            if !as_json {
-                eprintln!("  {line}");
-            }
-        },
-    )?;
+    let result = run_probe(&lib.path, buffer_bytes, lanes, passes, &mut |line| {
+        if !as_json {
+            eprintln!("  {line}");
+        }
+    })?;
     let path = probe_path(cache.root(), &host);
     write_atomically(&path, serde_json::to_string_pretty(&result)?.as_bytes())?;
     if as_json {

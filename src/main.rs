@@ -139,6 +139,10 @@ enum Command {
         /// Print the synthetic prompt's token ids as JSON and exit (for peer benchmarks).
         #[arg(long, hide = true)]
         print_prompt: bool,
+        /// Do not measure the read bandwidth between repetitions (judge decode against the
+        /// stored `kiln probe` only).
+        #[arg(long)]
+        no_probe: bool,
     },
     /// Print the residual stream after every layer for a prompt (for numerical comparisons
     /// against a reference, see scripts/compare_layers.py).
@@ -399,6 +403,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             build,
             json,
             print_prompt,
+            no_probe,
         } => kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
@@ -409,6 +414,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             dequantize: build.dequantize,
             json,
             print_prompt,
+            no_probe,
         }),
         Command::Cache {
             action: CacheAction::List { json },

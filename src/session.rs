@@ -211,12 +211,13 @@ pub fn ensure_library(
 }
 
 /// Versions that change generated code, shared by every cache key.
-pub fn toolchain_key_parts() -> [(&'static str, String); 4] {
+pub fn toolchain_key_parts() -> [(&'static str, String); 5] {
     [
         ("kiln_version", env!("CARGO_PKG_VERSION").to_string()),
         ("abi_version", abi::ABI_VERSION.to_string()),
         ("pipeline_version", kiln_compiler::PIPELINE_VERSION.to_string()),
         ("llvm_version", kiln_compiler::LLVM_VERSION.to_string()),
+        ("codegen_source_hash", kiln_compiler::CODEGEN_SOURCE_HASH.to_string()),
     ]
 }
 

@@ -572,6 +572,21 @@ impl<'c, 'a> Kb<'c, 'a> {
         let wide = self.op1("vector.broadcast", &[h], self.vec_ty(lanes, "f16"), &[]);
         self.op1("arith.extf", &[wide], self.vec_ty(lanes, "f32"), &[])
     }
+    /// A hint to bring the cache line holding `mem[idx]` into the caches ahead of its use.
+    pub fn prefetch(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) {
+        self.prefetch_with(mem, idx, 3)
+    }
+    /// [`Kb::prefetch`] with an explicit locality (3 = all cache levels … 0 = non-temporal).
+    pub fn prefetch_with(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], locality: u32) {
+        let mut ops = vec![mem];
+        ops.extend_from_slice(idx);
+        let attrs = [
+            ("isWrite", self.attr("false")),
+            ("localityHint", self.attr(&format!("{locality} : i32"))),
+            ("isDataCache", self.attr("true")),
+        ];
+        self.op("memref.prefetch", &ops, &[], &attrs);
+    }
     /// Loads one i32 and returns it as an index.
     pub fn load_i32_index(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) -> Value<'c, 'a> {
         let v = self.load_raw(mem, idx, 1, "i32");

@@ -28,6 +28,9 @@ use std::time::Instant;
 
 /// Version of LLVM linked into this build (from `llvm-config` at build time).
 pub const LLVM_VERSION: &str = env!("KILN_LLVM_VERSION");
+/// Hash of the emitter, lowering and spec sources this compiler was built from (see build.rs);
+/// part of every cache key.
+pub const CODEGEN_SOURCE_HASH: &str = env!("KILN_CODEGEN_SOURCE_HASH");
 
 /// MLIR contexts created by this process. A cache hit must leave it at zero; tests and
 /// `kiln run --json` read it to prove that no compilation happened.

@@ -181,6 +181,10 @@ impl Engine {
     pub fn threads(&self) -> usize {
         self.pool.threads()
     }
+    /// The engine's thread pool (a benchmark measures the machine's ceilings on it).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
     pub fn prefill_block(&self) -> usize {
         self.bufs.block_rows
     }
@@ -270,6 +274,8 @@ impl Engine {
                     runs: t.runs(),
                     rows: t.rows(),
                     nodes: graph.steps.into_iter().zip(t.nodes()).collect(),
+                    barriers_per_run: t.barriers_per_run(),
+                    barrier_wait_nanos: t.barrier_wait(self.pool.threads()),
                 })
             })
             .collect()
@@ -302,4 +308,9 @@ pub struct PlanProfile {
     pub runs: u64,
     pub rows: u64,
     pub nodes: Vec<(graph::Step, crate::plan::NodeProfile)>,
+    /// Barriers one run passes (the final one included).
+    pub barriers_per_run: u64,
+    /// Per thread: nanoseconds waited at barriers over all runs (load imbalance plus the
+    /// barrier's own cost).
+    pub barrier_wait_nanos: Vec<u64>,
 }

@@ -49,7 +49,14 @@ pub struct NodeTimes {
     flops: Vec<AtomicU64>,
     runs: AtomicU64,
     rows: AtomicU64,
+    /// Per thread (up to [`MAX_PROFILED_THREADS`]): nanoseconds spent waiting at barriers.
+    barrier_wait: Vec<AtomicU64>,
+    /// Barriers passed per run (the same on every thread).
+    barriers: AtomicU64,
 }
+
+/// Threads whose barrier waits a profile records.
+pub const MAX_PROFILED_THREADS: usize = 64;
 
 /// A snapshot of one node's accumulated profile.
 #[derive(Clone, Copy, Debug, Default)]
@@ -68,7 +75,21 @@ impl NodeTimes {
             flops: zeros(),
             runs: AtomicU64::new(0),
             rows: AtomicU64::new(0),
+            barrier_wait: (0..MAX_PROFILED_THREADS).map(|_| AtomicU64::new(0)).collect(),
+            barriers: AtomicU64::new(0),
         }
+    }
+    /// Nanoseconds each of the first `threads` threads spent waiting at barriers, over all runs.
+    pub fn barrier_wait(&self, threads: usize) -> Vec<u64> {
+        self.barrier_wait
+            .iter()
+            .take(threads)
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect()
+    }
+    /// Barriers passed per run.
+    pub fn barriers_per_run(&self) -> u64 {
+        self.barriers.load(Ordering::Relaxed)
     }
     pub fn nodes(&self) -> Vec<NodeProfile> {
         (0..self.nanos.len())
@@ -163,9 +184,18 @@ impl Plan {
         pool.run(&|tid, barrier| {
             let timed = tid == 0 && self.times.is_some();
             let mut last = if timed { Some(Instant::now()) } else { None };
+            let mut waited = 0u64;
+            let mut barriers = 0u64;
             for (i, node) in self.nodes.iter().enumerate() {
                 if node.barrier_before {
-                    barrier.wait();
+                    if self.times.is_some() {
+                        let t = Instant::now();
+                        barrier.wait();
+                        waited += t.elapsed().as_nanos() as u64;
+                        barriers += 1;
+                    } else {
+                        barrier.wait();
+                    }
                 }
                 if let Some(t) = last.as_mut() {
                     // Time since the previous node started: its own work plus the wait for
@@ -188,7 +218,15 @@ impl Plan {
             }
             if let Some(times) = &self.times {
                 // Every thread meets here so the last node's time includes its slowest thread.
+                let t = Instant::now();
                 barrier.wait();
+                waited += t.elapsed().as_nanos() as u64;
+                if let Some(slot) = times.barrier_wait.get(tid) {
+                    slot.fetch_add(waited, Ordering::Relaxed);
+                }
+                if tid == 0 {
+                    times.barriers.store(barriers + 1, Ordering::Relaxed);
+                }
                 if let Some(t) = last {
                     self.add_time(self.nodes.len() - 1, t.elapsed());
                     times.runs.fetch_add(1, Ordering::Relaxed);

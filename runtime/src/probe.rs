@@ -96,6 +96,68 @@ pub fn load_average() -> Option<f64> {
         .ok()
 }
 
+/// The read probe, kept ready so a benchmark can measure the machine's read bandwidth between
+/// its repetitions: on a shared machine the ceiling moves by ±15 % within minutes, so decode is
+/// best judged against a ceiling measured in the same run, with the same pool.
+pub struct ReadProbe {
+    _lib: KernelLibrary,
+    read_fn: kiln_spec::abi::KernelFn,
+    buf: AlignedBuf,
+    sums: AlignedBuf,
+    buffer_bytes: usize,
+}
+
+impl ReadProbe {
+    /// Binds the read kernel of the probe library at `library` and fills a `buffer_bytes` buffer.
+    pub fn open(library: &Path, buffer_bytes: usize, f32_lanes: usize) -> Result<ReadProbe, LibraryError> {
+        let (read, _) = probe_kernels(buffer_bytes, f32_lanes);
+        let lib = KernelLibrary::open(library, std::slice::from_ref(&read))?;
+        let read_fn = lib.get(&read).expect("bound");
+        let mut buf = AlignedBuf::zeroed(buffer_bytes);
+        // Touch every page first so page faults are not measured.
+        for (i, v) in buf.f32s_mut(buffer_bytes / 4).iter_mut().enumerate() {
+            *v = (i % 1024) as f32 * 1e-3;
+        }
+        Ok(ReadProbe {
+            _lib: lib,
+            read_fn,
+            buf,
+            sums: AlignedBuf::zeroed(64 * 16 * 4),
+            buffer_bytes,
+        })
+    }
+
+    /// Best read bandwidth in GB/s over `passes` passes on every thread of `pool`.
+    pub fn best_gb_s(&self, pool: &Pool, passes: usize) -> f64 {
+        let nth = pool.threads() as i64;
+        let (buf_addr, sums_addr) = (self.buf.as_ptr() as usize, self.sums.as_ptr() as usize);
+        let f = self.read_fn;
+        let null = std::ptr::null_mut::<u8>;
+        let times = measure(passes, || {
+            pool.run(&|tid, _| {
+                // SAFETY: ABI signature; `buf` holds `elems` f32, `sums` 64 x 16 f32.
+                unsafe {
+                    f(
+                        buf_addr as *mut u8,
+                        sums_addr as *mut u8,
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        null(),
+                        1,
+                        0,
+                        tid as i64,
+                        nth,
+                    )
+                };
+            })
+        });
+        summarise(pool.threads(), &times, |t| self.buffer_bytes as f64 / t / 1e9).best
+    }
+}
+
 /// Runs both probes with the library at `library`, calling `progress` with a line per step.
 pub fn run_probe(
     library: &Path,

@@ -35,7 +35,58 @@ const MAX_SCRATCH_BYTES: usize = 256 << 10;
 /// enough independent chains to hide the FMA latency behind the dequantisation work, few enough
 /// that a super-block's 16 activation vectors and the dequantised values stay in registers.
 fn decode_quant_rows(dtype: DType) -> usize {
+    if let Some(r) = exp_var("KILN_EXP_ROWS") {
+        return r;
+    }
     if dtype.block_elems() == 32 { 4 } else { 2 }
+}
+
+/// Weight rows a decode thread walks together over float weights, one FMA chain each: two
+/// 512-bit chains (four 256-bit ones) keep more weight bytes in flight per cycle than memory
+/// delivers to one core, whatever the FMA latency; more rows would split the thread's stream
+/// into more short streams without reading any faster.
+fn decode_float_rows(lanes: usize) -> usize {
+    exp_var("KILN_EXP_FROWS").unwrap_or((32 / lanes).max(1))
+}
+
+/// How far ahead of its reads a decode thread asks for weights, in bytes of its own stream.
+/// The hardware prefetchers alone left decode at ~75 % of the read probe on the 2-core
+/// Xeon (AVX-512) these kernels were tuned on; software prefetches ~3 KB ahead (a few hundred
+/// nanoseconds at one core's share of the bandwidth) brought it to the probe's level.
+fn decode_prefetch_bytes() -> usize {
+    exp_var("KILN_EXP_PF").unwrap_or(3072)
+}
+
+/// Tuning overrides for the compiler's own sweep tests (`tests::quant::decode_sweep`); libraries
+/// built outside tests never read the environment, so cache keys stay complete.
+fn exp_var(name: &str) -> Option<usize> {
+    if cfg!(test) {
+        std::env::var(name).ok().and_then(|v| v.parse().ok())
+    } else {
+        None
+    }
+}
+
+/// Prefetches the cache line `ahead` elements past `w[row, col]` in the row-major stream of the
+/// `[n, row_len]` matrix `w`, clamped to its last element so it never points past the end.
+#[allow(clippy::too_many_arguments)]
+fn prefetch_ahead<'c>(
+    b: Kb<'c, '_>,
+    w: Value<'c, '_>,
+    row: Value<'c, '_>,
+    col: Value<'c, '_>,
+    ahead: usize,
+    row_len: usize,
+    n: usize,
+) {
+    let len = b.idx(row_len);
+    let flat = b.addi(b.addi(b.muli(row, len), col), b.idx(ahead));
+    let flat = b.minui(flat, b.idx(n * row_len - 1));
+    b.prefetch_with(
+        w,
+        &[b.divui(flat, len), b.remui(flat, len)],
+        exp_var("KILN_EXP_LOC").unwrap_or(3) as u32,
+    );
 }
 
 /// Register tile `(mr, nb)` for prefill: `mr * nb` accumulators plus `mr` activation vectors
@@ -214,24 +265,61 @@ fn widen_rows<'c>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// Decode: rows of the weight matrix in address order, one accumulator per row.
+    /// Decode: each thread walks its rows a few at a time (see [`decode_float_rows`]), one
+    /// accumulator per row and the prefill's lane-summing tree, so every output is bitwise
+    /// the one prefill computes; weights are prefetched [`decode_prefetch_bytes`] ahead.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
-        let lanes = self.lanes;
+        let group = decode_float_rows(self.lanes).min(n);
         let total = b.idx(n);
-        let (start, end) = thread_range(b, total, d, 1);
-        let (zero, one) = (b.idx(0), b.idx(1));
-        let row = b.idx(0);
-        b.for_each(start, end, one, |b, col| {
-            let init = b.zero_like(lanes);
-            let (kc, step) = (b.idx(self.k), b.idx(lanes));
-            let acc = b.for_range(zero, kc, step, &[init], |b, kk, acc| {
-                let wv = b.load_weight(w, &[col, kk], lanes, dtype);
-                let xv = b.load_f32(self.x, &[row, kk], lanes);
-                vec![b.fma(wv, xv, acc[0])]
-            });
-            let s = b.reduce_many(&acc)[0];
-            self.finish(b, s, row, col);
+        let (start, end) = thread_range(b, total, d, group);
+        let g_c = b.idx(group);
+        let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
+        b.for_each(start, full_end, g_c, |b, col| {
+            self.float_rows(b, w, dtype, col, group, n)
         });
+        // Chunks are whole groups, so only the thread ending at `n` has `n % group` rows left.
+        let rem = n % group;
+        if rem > 0 {
+            let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
+            b.if_then(has_rem, |b| self.float_rows(b, w, dtype, full_end, rem, n));
+        }
+    }
+
+    /// Outputs `col0..col0 + rows` of the decode row from float weights, one FMA chain each,
+    /// walking `k` a cache line of weights per step with one prefetch per row and line.
+    fn float_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize, n: usize) {
+        let lanes = self.lanes;
+        let row = b.idx(0);
+        let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
+        let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
+        let per_line = 64 / dtype.size();
+        let unroll = if per_line >= lanes && self.k.is_multiple_of(per_line) {
+            per_line / lanes
+        } else {
+            1
+        };
+        let ahead = decode_prefetch_bytes() / dtype.size();
+        let (zero, kc, step) = (b.idx(0), b.idx(self.k), b.idx(lanes * unroll));
+        let acc = b.for_range(zero, kc, step, &inits, |b, kk0, acc| {
+            let mut acc = acc;
+            if ahead > 0 {
+                for &col in &cols {
+                    prefetch_ahead(b, w, col, kk0, ahead, self.k, n);
+                }
+            }
+            for u in 0..unroll {
+                let kk = b.addi(kk0, b.idx(u * lanes));
+                let xv = b.load_f32(self.x, &[row, kk], lanes);
+                for (a, &col) in acc.iter_mut().zip(&cols) {
+                    *a = b.fma(b.load_weight(w, &[col, kk], lanes, dtype), xv, *a);
+                }
+            }
+            acc
+        });
+        let sums = b.reduce_many(&acc);
+        for (&s, &col) in sums.iter().zip(&cols) {
+            self.finish(b, s, row, col);
+        }
     }
 
     /// Decode over quantised weights: each thread walks its rows a few at a time,
@@ -246,17 +334,21 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let (start, end) = thread_range(b, total, d, group);
         let g_c = b.idx(group);
         let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
-        b.for_each(start, full_end, g_c, |b, col| self.quant_rows(b, w, dtype, col, group));
+        b.for_each(start, full_end, g_c, |b, col| {
+            self.quant_rows(b, w, dtype, col, group, n)
+        });
         // Chunks are whole groups, so only the thread ending at `n` has `n % group` rows left.
         let rem = n % group;
         if rem > 0 {
             let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
-            b.if_then(has_rem, |b| self.quant_rows(b, w, dtype, full_end, rem));
+            b.if_then(has_rem, |b| self.quant_rows(b, w, dtype, full_end, rem, n));
         }
     }
 
-    /// Outputs `col0..col0 + rows` of the decode row from quantised weights.
-    fn quant_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize) {
+    /// Outputs `col0..col0 + rows` of the decode row from quantised weights, prefetching each
+    /// row's stream [`decode_prefetch_bytes`] ahead.
+    #[allow(clippy::too_many_arguments)]
+    fn quant_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize, n: usize) {
         let lanes = self.lanes;
         let be = dtype.block_elems();
         let blocks = self.k / be;
@@ -268,9 +360,21 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let row = b.idx(0);
         let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
         let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
+        let row_bytes = dtype.bytes_for(self.k);
+        let span = unroll * dtype.block_bytes();
+        let ahead = decode_prefetch_bytes();
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
         let acc = b.for_range(zero, hi, step, &inits, |b, kb, acc| {
             let mut acc = acc;
+            if ahead > 0 {
+                let off = b.muli(kb, b.idx(dtype.block_bytes()));
+                for &col in &cols {
+                    // One prefetch per cache line the step reads (a step may span less than one).
+                    for line in (0..span.div_ceil(64)).map(|l| l * 64) {
+                        prefetch_ahead(b, w, col, off, ahead + line, row_bytes, n);
+                    }
+                }
+            }
             for u in 0..unroll {
                 let blk = b.addi(kb, b.idx(u));
                 let k0 = b.muli(blk, b.idx(be));

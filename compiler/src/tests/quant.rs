@@ -432,28 +432,36 @@ fn model_kernels_accepts_quantised_matrices_only() {
     );
 }
 
-/// Decode throughput per format on one thread (`cargo test -p kiln-compiler --release --
-/// --ignored quant_decode_speed --nocapture`); `KILN_QUANT_ASM=dir` also writes the assembly.
+/// Decode and prefill throughput per format on one thread (`cargo test -p kiln-compiler --
+/// --ignored quant_speed --nocapture`). `KILN_QUANT_LANES=8` measures the AVX2 code;
+/// `KILN_QUANT_ASM=dir` also writes each kernel's MLIR and assembly.
 #[test]
 #[ignore]
-fn quant_decode_speed() {
-    let lanes = HostCpu::detect().f32_lanes();
-    let (n, k) = (1024, 2048);
+fn quant_speed() {
+    let host = HostCpu::detect().f32_lanes();
+    let lanes = std::env::var("KILN_QUANT_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(host)
+        .min(host);
+    let (n, k, rows) = (1024, 2048, 64);
     let mut types = vec![DType::BF16, DType::F32];
     types.extend(QUANTS);
-    let kernels: Vec<Kernel> = types
-        .iter()
-        .map(|&wdtype| Kernel::MatMul {
-            n,
-            k,
-            wdtype,
-            bias: None,
-            accumulate: false,
-            max_rows: 1,
+    let kernels: Vec<Kernel> = [1, rows]
+        .into_iter()
+        .flat_map(|max_rows| {
+            types.iter().map(move |&wdtype| Kernel::MatMul {
+                n,
+                k,
+                wdtype,
+                bias: None,
+                accumulate: false,
+                max_rows,
+            })
         })
         .collect();
     let options = CompileOptions {
-        prefill_rows: ROWS,
+        prefill_rows: rows,
         f32_lanes: lanes,
     };
     let dir = tempfile::tempdir().unwrap();
@@ -475,7 +483,8 @@ fn quant_decode_speed() {
         _dir: dir,
     };
     let mut rng = Rng(3);
-    for (kernel, dtype) in kernels.iter().zip(types) {
+    println!("{lanes} lanes, one thread, n {n}, k {k}: decode (1 row) | prefill ({rows} rows)");
+    for dtype in types {
         let mut w: Vec<u8> = match dtype {
             DType::F32 => rng.vec(n * k).iter().flat_map(|v| v.to_le_bytes()).collect(),
             DType::BF16 => rng
@@ -485,25 +494,184 @@ fn quant_decode_speed() {
                 .collect(),
             q => random_blocks(&mut rng, q, n * k / q.block_elems(), false),
         };
-        let mut x = rng.vec(k);
-        let mut y = vec![0f32; n];
-        let ptrs = [ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
-        for _ in 0..20 {
-            lib.call(kernel, &ptrs, 1, 1);
+        let mut line = format!("{dtype:>5}:");
+        for max_rows in [1, rows] {
+            let kernel = Kernel::MatMul {
+                n,
+                k,
+                wdtype: dtype,
+                bias: None,
+                accumulate: false,
+                max_rows,
+            };
+            let mut x = rng.vec(max_rows * k);
+            let mut y = vec![0f32; max_rows * n];
+            let ptrs = [ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
+            // The fastest of many calls: other processes only ever slow a call down.
+            let s = (0..if max_rows == 1 { 500 } else { 20 })
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    lib.call(&kernel, &ptrs, max_rows, 1);
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            let gw = (n * k) as f64 / s / 1e9;
+            line += &if max_rows == 1 {
+                format!(
+                    " {:7.1} us {:6.2} Gweights/s {:6.2} GB/s |",
+                    s * 1e6,
+                    gw,
+                    w.len() as f64 / s / 1e9
+                )
+            } else {
+                format!(" {:7.2} ms {:6.1} GFLOP/s", s * 1e3, 2.0 * gw * max_rows as f64)
+            };
         }
-        // The fastest of many calls: other processes only ever slow a call down.
-        let s = (0..500)
-            .map(|_| {
-                let t = std::time::Instant::now();
-                lib.call(kernel, &ptrs, 1, 1);
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min);
+        println!("{line}");
+    }
+}
+
+/// Tuning: the decode stream rate of each emitter configuration over a 384 MiB matrix on two
+/// threads, next to the read probe on the same buffer, configurations interleaved round by
+/// round so that machine noise hits them alike:
+/// `KILN_SWEEP="ROWS:PREFETCH_BYTES[/LOCALITY],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
+/// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`.
+#[test]
+#[ignore]
+fn decode_sweep() {
+    let lanes = std::env::var("KILN_SWEEP_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(HostCpu::detect().f32_lanes());
+    let k: usize = std::env::var("KILN_QUANT_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(896);
+    let dtype = match std::env::var("KILN_SWEEP_DTYPE").as_deref() {
+        Ok("q8_0") => DType::Q8_0,
+        Ok("q4_0") => DType::Q4_0,
+        Ok("q4_1") => DType::Q4_1,
+        Ok("q4_k") => DType::Q4K,
+        Ok("q6_k") => DType::Q6K,
+        _ => DType::BF16,
+    };
+    let configs: Vec<(String, String)> = std::env::var("KILN_SWEEP")
+        .unwrap_or("1:0".into())
+        .split(',')
+        .map(|c| {
+            let (r, p) = c.split_once(':').unwrap();
+            (r.to_string(), p.to_string())
+        })
+        .collect();
+    let n = (384usize << 20) / dtype.bytes_for(k) / 64 * 64;
+    let kernel = Kernel::MatMul {
+        n,
+        k,
+        wdtype: dtype,
+        bias: None,
+        accumulate: false,
+        max_rows: 1,
+    };
+    let probe = Kernel::ProbeRead {
+        elems: n * dtype.bytes_for(k) / 4,
+    };
+    let probe_lib = Lib::build(std::slice::from_ref(&probe), lanes);
+    let libs: Vec<Lib> = configs
+        .iter()
+        .map(|(r, p)| {
+            // SAFETY: test-only; no other thread reads the environment while we compile.
+            unsafe {
+                std::env::set_var("KILN_EXP_FROWS", r);
+                std::env::set_var("KILN_EXP_ROWS", r);
+                let (p, loc) = p.split_once('/').unwrap_or((p, "3"));
+                std::env::set_var("KILN_EXP_PF", p);
+                std::env::set_var("KILN_EXP_LOC", loc);
+            }
+            Lib::build(std::slice::from_ref(&kernel), lanes)
+        })
+        .collect();
+    let mut rng = Rng(5);
+    let mut w: Vec<u8> = match dtype {
+        DType::BF16 => rng
+            .vec(n * k)
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        q => random_blocks(&mut rng, q, n * k / q.block_elems(), false),
+    };
+    let mut x = rng.vec(k);
+    let mut y = vec![0f32; n];
+    let ptrs = [ptr(&mut x) as usize, w.as_mut_ptr() as usize, ptr(&mut y) as usize];
+    let rounds: usize = std::env::var("KILN_SWEEP_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    let mut times = vec![Vec::new(); libs.len()];
+    let mut probe_times = Vec::new();
+    let mut sums = vec![0f32; 64 * 16];
+    let sums_addr = ptr(&mut sums) as usize;
+    for _ in 0..rounds {
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for tid in 0..2i64 {
+                let (probe, probe_lib) = (&probe, &probe_lib);
+                s.spawn(move || {
+                    let f: libloading::Symbol<KernelFn> =
+                        unsafe { probe_lib.lib.get(probe.symbol().as_bytes()) }.unwrap();
+                    let null = std::ptr::null_mut();
+                    // SAFETY: the weight buffer holds `elems` f32; `sums` 64 x 16 f32.
+                    unsafe {
+                        f(
+                            ptrs[1] as *mut u8,
+                            sums_addr as *mut u8,
+                            null,
+                            null,
+                            null,
+                            null,
+                            null,
+                            null,
+                            1,
+                            0,
+                            tid,
+                            2,
+                        )
+                    };
+                });
+            }
+        });
+        probe_times.push(t.elapsed().as_secs_f64());
+        for (i, lib) in libs.iter().enumerate() {
+            let t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for tid in 0..2i64 {
+                    let kernel = &kernel;
+                    s.spawn(move || {
+                        let f: libloading::Symbol<KernelFn> =
+                            unsafe { lib.lib.get(kernel.symbol().as_bytes()) }.unwrap();
+                        let p = |i: usize| ptrs[i] as *mut u8;
+                        let null = std::ptr::null_mut();
+                        // SAFETY: buffers match the kernel's shapes; threads write disjoint outputs.
+                        unsafe { f(p(0), p(1), p(2), null, null, null, null, null, 1, 0, tid, 2) };
+                    });
+                }
+            });
+            times[i].push(t.elapsed().as_secs_f64());
+        }
+    }
+    probe_times.sort_by(f64::total_cmp);
+    let gb = |s: f64| w.len() as f64 / s / 1e9;
+    println!(
+        "read probe on the same buffer: best {:5.1} GB/s  median {:5.1} GB/s",
+        gb(probe_times[0]),
+        gb(probe_times[probe_times.len() / 2])
+    );
+    for ((r, p), t) in configs.iter().zip(&mut times) {
+        t.sort_by(f64::total_cmp);
+        let gb = |s: f64| w.len() as f64 / s / 1e9;
         println!(
-            "{dtype:>5}: {:8.1} us  {:6.2} Gweights/s  {:6.2} GB/s",
-            s * 1e6,
-            (n * k) as f64 / s / 1e9,
-            w.len() as f64 / s / 1e9
+            "{dtype} k {k} R {r:>2} PF {p:>5}: best {:5.1} GB/s  median {:5.1} GB/s",
+            gb(t[0]),
+            gb(t[t.len() / 2])
         );
     }
 }
