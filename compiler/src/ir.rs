@@ -667,6 +667,65 @@ impl<'c, 'a> Kb<'c, 'a> {
         });
     }
 
+    /// `while (let i = next(); cond) { body(i) }` as `scf.while`: `next` computes the loop
+    /// condition and an index forwarded to `body`; nothing else is carried.
+    pub fn while_do<N, F>(&self, next: N, body: F)
+    where
+        N: for<'b> FnOnce(Kb<'c, 'b>) -> (Value<'c, 'b>, Value<'c, 'b>),
+        F: for<'b> FnOnce(Kb<'c, 'b>, Value<'c, 'b>),
+    {
+        let index = self.index_ty();
+        let before = Block::new(&[]);
+        {
+            let inner = Kb {
+                ctx: self.ctx,
+                loc: self.loc,
+                blk: &before,
+            };
+            let (cond, i) = next(inner);
+            inner.op("scf.condition", &[cond, i], &[], &[]);
+        }
+        let after = Block::new(&[(index, self.loc)]);
+        {
+            let inner = Kb {
+                ctx: self.ctx,
+                loc: self.loc,
+                blk: &after,
+            };
+            let i: Value = after.argument(0).expect("forwarded index").into();
+            body(inner, i);
+            inner.op("scf.yield", &[], &[], &[]);
+        }
+        let (before_region, after_region) = (Region::new(), Region::new());
+        before_region.append_block(before);
+        after_region.append_block(after);
+        let op = OperationBuilder::new("scf.while", self.loc)
+            .add_results(&[index])
+            .add_regions([before_region, after_region])
+            .build()
+            .expect("valid scf.while");
+        self.blk.append_operation(op);
+    }
+
+    /// Atomically adds one to the i64 at `counter[0]` and returns its previous value as an
+    /// index (sequentially consistent).
+    pub fn fetch_inc(&self, counter: Value<'c, '_>) -> Value<'c, 'a> {
+        let one = self.op1(
+            "arith.constant",
+            &[],
+            self.ty("i64"),
+            &[("value", self.attr("1 : i64"))],
+        );
+        let zero = self.idx(0);
+        let old = self.op1(
+            "memref.atomic_rmw",
+            &[one, counter, zero],
+            self.ty("i64"),
+            &[("kind", self.attr("1 : i64"))],
+        );
+        self.index_cast(old, self.index_ty())
+    }
+
     /// `scf.if` without results.
     pub fn if_then<F>(&self, cond: Value<'c, '_>, then: F)
     where

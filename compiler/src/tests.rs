@@ -3,7 +3,7 @@
 //! decode shapes, with bf16, f16 and f32 weights.
 
 use crate::{CompileRequest, compile, kernel_list};
-use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
 use kiln_spec::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
 use std::sync::OnceLock;
 
@@ -111,6 +111,9 @@ impl Compiled {
     fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
         let mut p = [std::ptr::null_mut(); PTR_ARGS];
         p[..ptrs.len()].copy_from_slice(ptrs);
+        // The call's work counter, shared by its threads and zero when the call starts.
+        let mut work = [0u64; WORK_COUNTER_BYTES / 8];
+        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
         // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
         unsafe {
             let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
@@ -420,6 +423,137 @@ fn attention_causal_gqa_and_sliding_window() {
                         .collect();
                     assert_close(&out[r * HEADS * D + h * D..][..D], &want, 1e-5, "attention");
                 }
+            }
+        }
+    }
+}
+
+/// Decode and prefill matmuls large enough that the dynamic part of the work split (see
+/// `emit::split_work`) hands out many chunks, called by real threads at once that share one
+/// work counter: every output is written, exactly as one thread computes it alone, and it is
+/// the dot product it should be.
+#[test]
+fn matmul_work_split_under_concurrency() {
+    let lanes = HostCpu::detect().f32_lanes();
+    // 4099 rows of 512 bytes: a 2 MiB matrix whose dynamic quarter spans several 256 KiB
+    // chunks, with an odd remainder of rows at the end; 1003 prefill columns are 167 blocks of
+    // 6 and a remainder.
+    let kernels = [
+        Kernel::MatMul {
+            n: 4099,
+            k: 256,
+            wdtype: DType::BF16,
+            bias: None,
+            accumulate: false,
+            max_rows: 1,
+        },
+        Kernel::MatMul {
+            n: 1003,
+            k: 64,
+            wdtype: DType::BF16,
+            bias: Some(DType::F32),
+            accumulate: true,
+            max_rows: ROWS,
+        },
+    ];
+    let options = CompileOptions {
+        prefill_rows: ROWS,
+        f32_lanes: lanes,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let report = compile(&CompileRequest {
+        kernels: &kernels,
+        options: &options,
+        out_dir: dir.path(),
+        library_name: "libsplit.so",
+        emit_mlir: None,
+        emit_asm: None,
+        threads: None,
+        progress: None,
+    })
+    .expect("split test kernels compile");
+    // SAFETY: the library was just produced by the compiler and exports the ABI.
+    let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
+    let mut rng = Rng(0x5eed);
+    for kernel in &kernels {
+        let Kernel::MatMul {
+            n,
+            k,
+            bias,
+            accumulate,
+            max_rows,
+            ..
+        } = *kernel
+        else {
+            unreachable!()
+        };
+        let rows = max_rows.min(5);
+        let mut x = rng.vec(max_rows * k);
+        let (mut wb, wv) = weights(&mut rng, n * k, DType::BF16);
+        let (mut bb, bv) = weights(&mut rng, n, DType::F32);
+        let y0 = rng.vec(max_rows * n);
+        let f: libloading::Symbol<KernelFn> = unsafe { lib.get(kernel.symbol().as_bytes()) }.expect("symbol");
+        let inputs = [ptr(&mut x) as usize, ptr(&mut wb) as usize, ptr(&mut bb) as usize];
+        let run = |nth: usize| -> Vec<f32> {
+            let mut y = y0.clone();
+            let mut work = [0u64; WORK_COUNTER_BYTES / 8];
+            let addrs = [inputs[0], inputs[1], ptr(&mut y) as usize, inputs[2]];
+            let work_addr = work.as_mut_ptr() as usize;
+            let f = &f;
+            std::thread::scope(|s| {
+                for tid in 0..nth {
+                    s.spawn(move || {
+                        let p = |i: usize| addrs[i] as *mut u8;
+                        let bias_ptr = if bias.is_some() { p(3) } else { std::ptr::null_mut() };
+                        let null = std::ptr::null_mut();
+                        // SAFETY: ABI signature; buffers sized for the kernel; threads write
+                        // disjoint outputs (the split hands each output to one thread).
+                        unsafe {
+                            f(
+                                p(0),
+                                p(1),
+                                p(2),
+                                bias_ptr,
+                                null,
+                                null,
+                                null,
+                                work_addr as *mut u8,
+                                rows as i64,
+                                0,
+                                tid as i64,
+                                nth as i64,
+                            )
+                        };
+                    });
+                }
+            });
+            y
+        };
+        let alone = run(1);
+        for r in 0..rows {
+            for j in 0..n {
+                let mut s: f64 = (0..k).map(|i| x[r * k + i] as f64 * wv[j * k + i] as f64).sum();
+                if bias.is_some() {
+                    s += bv[j] as f64;
+                }
+                if accumulate {
+                    s += y0[r * n + j] as f64;
+                }
+                let got = alone[r * n + j] as f64;
+                assert!(
+                    (got - s).abs() <= 1e-4 * (1.0 + s.abs()),
+                    "{} [{r}, {j}]: {got} vs {s}",
+                    kernel.symbol()
+                );
+            }
+        }
+        for nth in [2, 3, 4] {
+            for _ in 0..5 {
+                assert!(
+                    run(nth) == alone,
+                    "{} on {nth} threads differs from one thread",
+                    kernel.symbol()
+                );
             }
         }
     }

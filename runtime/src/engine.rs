@@ -148,7 +148,7 @@ impl Engine {
             let i = step.layer.map_or(0, |l| l + 1);
             parts[i].steps.push(step);
         }
-        let plans = parts
+        let mut plans = parts
             .iter()
             .map(|g| build_plan(g, &self.library, &self.bufs, self.weights.as_ref(), false))
             .collect::<Result<Vec<_>, _>>()?;
@@ -156,7 +156,7 @@ impl Engine {
         let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
         for chunk in tokens.chunks(block) {
             self.load_tokens(chunk);
-            for (plan, residuals) in plans.iter().zip(out.iter_mut()) {
+            for (plan, residuals) in plans.iter_mut().zip(out.iter_mut()) {
                 plan.run(&self.pool, chunk.len(), self.pos, chunk.len());
                 let x = self.bufs.get(Buf::X).f32s(chunk.len() * hidden);
                 residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));

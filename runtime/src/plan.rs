@@ -2,10 +2,11 @@
 //! executed by the thread pool. Building a plan does all lookups once; running one does no
 //! allocation, locking or system call.
 
+use crate::buffers::AlignedBuf;
 use crate::library::KernelLibrary;
 use crate::pool::Pool;
 use kiln_spec::Kernel;
-use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
 use kiln_spec::graph::{Arg, Graph};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -114,6 +115,8 @@ impl NodeTimes {
 pub struct Plan {
     nodes: Vec<Node>,
     times: Option<NodeTimes>,
+    /// One work counter per node (the ABI's `a7`), zeroed before every run.
+    counters: AlignedBuf,
 }
 
 // SAFETY: the raw pointers in a plan point into buffers and weights owned by the engine that
@@ -137,7 +140,8 @@ impl Plan {
         profile: bool,
     ) -> Result<Plan, String> {
         let mut nodes = Vec::with_capacity(graph.steps.len());
-        for step in &graph.steps {
+        let counters = AlignedBuf::zeroed(graph.steps.len().max(1) * WORK_COUNTER_BYTES);
+        for (i, step) in graph.steps.iter().enumerate() {
             let f = library.get(&step.kernel).ok_or_else(|| {
                 format!(
                     "library {} lacks kernel {}",
@@ -153,6 +157,14 @@ impl Plan {
                     (_, Resolved::Weight(p)) => Slot::Fixed(p as *mut u8),
                 };
             }
+            if step.args.len() > WORK_COUNTER_ARG {
+                return Err(format!(
+                    "{} takes more buffers than the ABI has slots",
+                    step.kernel.symbol()
+                ));
+            }
+            // `wrapping_add` keeps the arithmetic defined; the offset is inside `counters`.
+            args[WORK_COUNTER_ARG] = Slot::Fixed(counters.as_ptr().wrapping_add(i * WORK_COUNTER_BYTES));
             nodes.push(Node {
                 f,
                 args,
@@ -161,7 +173,7 @@ impl Plan {
             });
         }
         let times = profile.then(|| NodeTimes::new(nodes.len()));
-        Ok(Plan { nodes, times })
+        Ok(Plan { nodes, times, counters })
     }
 
     pub fn len(&self) -> usize {
@@ -177,18 +189,24 @@ impl Plan {
     /// Runs every node on every pool thread for a block of `rows` rows starting at `pos`.
     /// [`Arg::LastRow`] arguments point at row `src_rows - 1` of their buffer: the output head
     /// runs one row (`rows = 1`) taken from the end of a block of `src_rows` rows.
-    pub fn run(&self, pool: &Pool, rows: usize, pos: usize, src_rows: usize) {
+    ///
+    /// Takes `&mut self` because it resets the plan's work counters: one plan runs once at a time.
+    pub fn run(&mut self, pool: &Pool, rows: usize, pos: usize, src_rows: usize) {
         assert!(rows >= 1 && src_rows >= 1, "a plan runs on at least one row");
+        // SAFETY: `counters` is this plan's own allocation of exactly this many bytes, and no
+        // kernel is running (the previous run returned; `&mut self` excludes a concurrent one).
+        unsafe { std::ptr::write_bytes(self.counters.as_ptr(), 0, self.nodes.len().max(1) * WORK_COUNTER_BYTES) };
+        let this = &*self;
         let nth = pool.threads() as i64;
         let (rows_i, pos_i) = (rows as i64, pos as i64);
         pool.run(&|tid, barrier| {
-            let timed = tid == 0 && self.times.is_some();
+            let timed = tid == 0 && this.times.is_some();
             let mut last = if timed { Some(Instant::now()) } else { None };
             let mut waited = 0u64;
             let mut barriers = 0u64;
-            for (i, node) in self.nodes.iter().enumerate() {
+            for (i, node) in this.nodes.iter().enumerate() {
                 if node.barrier_before {
-                    if self.times.is_some() {
+                    if this.times.is_some() {
                         let t = Instant::now();
                         barrier.wait();
                         waited += t.elapsed().as_nanos() as u64;
@@ -202,7 +220,7 @@ impl Plan {
                     // the slowest thread at the barrier that follows it.
                     let now = Instant::now();
                     if i > 0 {
-                        self.add_time(i - 1, now - *t);
+                        this.add_time(i - 1, now - *t);
                     }
                     *t = now;
                 }
@@ -216,7 +234,7 @@ impl Plan {
                     )
                 };
             }
-            if let Some(times) = &self.times {
+            if let Some(times) = &this.times {
                 // Every thread meets here so the last node's time includes its slowest thread.
                 let t = Instant::now();
                 barrier.wait();
@@ -228,10 +246,10 @@ impl Plan {
                     times.barriers.store(barriers + 1, Ordering::Relaxed);
                 }
                 if let Some(t) = last {
-                    self.add_time(self.nodes.len() - 1, t.elapsed());
+                    this.add_time(this.nodes.len() - 1, t.elapsed());
                     times.runs.fetch_add(1, Ordering::Relaxed);
                     times.rows.fetch_add(rows as u64, Ordering::Relaxed);
-                    for (i, node) in self.nodes.iter().enumerate() {
+                    for (i, node) in this.nodes.iter().enumerate() {
                         times.bytes[i].fetch_add(node.kernel.bytes_moved(rows, pos), Ordering::Relaxed);
                         times.flops[i].fetch_add(node.kernel.flops(rows, pos), Ordering::Relaxed);
                     }

@@ -6,6 +6,7 @@ use crate::buffers::AlignedBuf;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::pool::{Pool, physical_cores};
 use kiln_spec::Kernel;
+use kiln_spec::abi::WORK_COUNTER_BYTES;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
@@ -104,6 +105,8 @@ pub struct ReadProbe {
     read_fn: kiln_spec::abi::KernelFn,
     buf: AlignedBuf,
     sums: AlignedBuf,
+    /// The ABI's work counter (the probe kernels never claim work from it).
+    work: AlignedBuf,
     buffer_bytes: usize,
 }
 
@@ -123,6 +126,7 @@ impl ReadProbe {
             read_fn,
             buf,
             sums: AlignedBuf::zeroed(64 * 16 * 4),
+            work: AlignedBuf::zeroed(WORK_COUNTER_BYTES),
             buffer_bytes,
         })
     }
@@ -131,6 +135,7 @@ impl ReadProbe {
     pub fn best_gb_s(&self, pool: &Pool, passes: usize) -> f64 {
         let nth = pool.threads() as i64;
         let (buf_addr, sums_addr) = (self.buf.as_ptr() as usize, self.sums.as_ptr() as usize);
+        let work_addr = self.work.as_ptr() as usize;
         let f = self.read_fn;
         let null = std::ptr::null_mut::<u8>;
         let times = measure(passes, || {
@@ -145,7 +150,7 @@ impl ReadProbe {
                         null(),
                         null(),
                         null(),
-                        null(),
+                        work_addr as *mut u8,
                         1,
                         0,
                         tid as i64,
@@ -182,7 +187,8 @@ pub fn run_probe(
     }
     let sums = AlignedBuf::zeroed(64 * 16 * 4);
     // Addresses as integers so the per-thread closures are `Sync`.
-    let (buf_addr, sums_addr) = (buf.as_ptr() as usize, sums.as_ptr() as usize);
+    let work = AlignedBuf::zeroed(WORK_COUNTER_BYTES);
+    let (buf_addr, sums_addr, work_addr) = (buf.as_ptr() as usize, sums.as_ptr() as usize, work.as_ptr() as usize);
     let null = std::ptr::null_mut::<u8>;
     let load_average = load_average();
 
@@ -203,7 +209,7 @@ pub fn run_probe(
                         null(),
                         null(),
                         null(),
-                        null(),
+                        work_addr as *mut u8,
                         1,
                         0,
                         tid as i64,
@@ -234,7 +240,7 @@ pub fn run_probe(
                         null(),
                         null(),
                         null(),
-                        null(),
+                        work_addr as *mut u8,
                         iterations,
                         0,
                         tid as i64,

@@ -6,24 +6,38 @@
 //! void kernel(ptr a0, ptr a1, ..., ptr a7, i64 rows, i64 pos, i64 thread_id, i64 n_threads)
 //! ```
 //!
-//! * `a0..a7` are raw pointers to the first element of each buffer (MLIR's bare-pointer memref
+//! * `a0..a6` are raw pointers to the first element of each buffer (MLIR's bare-pointer memref
 //!   convention: every buffer has a static shape baked into the kernel, so a pointer is enough).
 //!   Each kernel documents the meaning and order of its arguments; unused slots are null.
+//! * `a7` points at this call's *work counter*: [`WORK_COUNTER_BYTES`] bytes, zero when the call
+//!   starts, shared by the threads of that call and by no other call. Kernels that hand out part
+//!   of their work dynamically claim chunks with an atomic increment of its first `i64`; others
+//!   ignore it. It is never null.
 //! * `rows` is the number of valid rows in the activation buffers (`1..=max_rows`), `pos` the
 //!   absolute position of row 0 (the number of tokens already in the KV cache).
 //! * `thread_id` / `n_threads`: every thread of the pool calls the kernel with the same
-//!   arguments; the kernel does its `thread_id`-th share of the work and returns. No kernel
-//!   synchronises; the runtime places barriers between dependent calls.
+//!   arguments; the kernel does its `thread_id`-th share of the work (and whatever it claims
+//!   through the work counter) and returns. No kernel waits for another thread; the runtime
+//!   places barriers between dependent calls.
 //! * Activations, the KV cache and accumulators are f32; weights are read as stored.
 //!
 //! The library also exports `uint32 kiln_abi_version(void)` returning [`ABI_VERSION`], checked
 //! when it is loaded. Any change to the above bumps the version, which enters the cache key.
 
-/// Version of the calling convention and buffer layout described above.
-pub const ABI_VERSION: u32 = 1;
+/// Version of the calling convention and buffer layout described above (2: the work counter).
+pub const ABI_VERSION: u32 = 2;
 
 /// Pointer argument slots every kernel takes.
 pub const PTR_ARGS: usize = 8;
+
+/// Slots for buffers (`a0..a6`); the last slot is the work counter.
+pub const BUFFER_ARGS: usize = PTR_ARGS - 1;
+
+/// The slot holding the work counter.
+pub const WORK_COUNTER_ARG: usize = PTR_ARGS - 1;
+
+/// Size of one work counter: a cache line, so counters of different calls never share one.
+pub const WORK_COUNTER_BYTES: usize = 64;
 
 /// Name of the exported function returning [`ABI_VERSION`].
 pub const ABI_VERSION_SYMBOL: &str = "kiln_abi_version";

@@ -22,7 +22,7 @@
 //!   scratch (in chunks of `k` with the accumulators parked in a stack buffer when a row is too
 //!   long), so decode and prefill still perform the same FMAs in the same order.
 
-use super::{Dyn, quant, thread_range};
+use super::{Dyn, quant, split_work};
 use crate::ir::{Kb, lanes_for};
 use kiln_spec::{DType, Kernel};
 use melior::ir::Value;
@@ -49,17 +49,45 @@ fn decode_float_rows(lanes: usize) -> usize {
     exp_var("KILN_EXP_FROWS").unwrap_or((32 / lanes).max(1))
 }
 
-/// How far ahead of its reads a decode thread asks for weights, in bytes of its own stream.
-/// The hardware prefetchers alone left decode at ~75 % of the read probe on the 2-core
-/// Xeon (AVX-512) these kernels were tuned on; software prefetches ~3 KB ahead (a few hundred
-/// nanoseconds at one core's share of the bandwidth) brought it to the probe's level.
-fn decode_prefetch_bytes() -> usize {
-    exp_var("KILN_EXP_PF").unwrap_or(3072)
+/// A software prefetch issued for every cache line of weights a decode thread streams:
+/// `bytes` ahead in the thread's own stream, with MLIR's locality hint (3 = into L1, 2 = into
+/// L2).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    bytes: usize,
+    locality: u32,
 }
+
+/// The prefetches decode issues per cache line of weights. The hardware prefetchers alone left
+/// decode at ~65 % of the read probe on the 2-core Xeon (AVX-512) these kernels were tuned on:
+/// a thread's stream restarts at every matrix, every claimed chunk and every 4 KiB page, and
+/// the loop body is long enough that demand misses alone keep few lines in flight. A near
+/// prefetch (3 KiB ahead, into L1: the lines are in L1 when the loads get there) took it to
+/// ~80 %, and a far one (32 KiB ahead, into L2: enough requests in flight to cover the memory
+/// latency without holding L1 fill buffers) to ~90 %, measured with `kiln bench` against the
+/// read bandwidth measured in the same run.
+fn decode_prefetches() -> [Prefetch; 2] {
+    [
+        Prefetch {
+            bytes: exp_var("KILN_EXP_PF").unwrap_or(3 << 10),
+            locality: 3,
+        },
+        Prefetch {
+            bytes: exp_var("KILN_EXP_PF_FAR").unwrap_or(32 << 10),
+            locality: exp_var("KILN_EXP_PF_FAR_LOC").unwrap_or(2) as u32,
+        },
+    ]
+}
+
+/// Smallest chunk of weights a decode thread claims from the work counter. Small chunks even
+/// out the threads' finishing times but restart the thread's stream (and its far prefetch,
+/// which never crosses into rows another thread may have claimed) at every claim; 256 KiB
+/// measured best on the 0.5B shape, leaving a few claims per matrix.
+const DECODE_MIN_CHUNK_BYTES: usize = 256 << 10;
 
 /// Tuning overrides for the compiler's own sweep tests (`tests::quant::decode_sweep`); libraries
 /// built outside tests never read the environment, so cache keys stay complete.
-fn exp_var(name: &str) -> Option<usize> {
+pub(crate) fn exp_var(name: &str) -> Option<usize> {
     if cfg!(test) {
         std::env::var(name).ok().and_then(|v| v.parse().ok())
     } else {
@@ -67,26 +95,26 @@ fn exp_var(name: &str) -> Option<usize> {
     }
 }
 
-/// Prefetches the cache line `ahead` elements past `w[row, col]` in the row-major stream of the
-/// `[n, row_len]` matrix `w`, clamped to its last element so it never points past the end.
+/// Prefetches the cache line `p.bytes` past element `w[row, col]` (element size `elem`) in the
+/// row-major stream of the matrix `w` (rows of `row_len` elements), clamped to the last element
+/// of row `end - 1`: a thread prefetches only within the range it is working on, never the
+/// rows another thread claimed (nor past the matrix).
 #[allow(clippy::too_many_arguments)]
 fn prefetch_ahead<'c>(
     b: Kb<'c, '_>,
     w: Value<'c, '_>,
     row: Value<'c, '_>,
     col: Value<'c, '_>,
-    ahead: usize,
+    p: Prefetch,
+    elem: usize,
     row_len: usize,
-    n: usize,
+    end: Value<'c, '_>,
 ) {
     let len = b.idx(row_len);
-    let flat = b.addi(b.addi(b.muli(row, len), col), b.idx(ahead));
-    let flat = b.minui(flat, b.idx(n * row_len - 1));
-    b.prefetch_with(
-        w,
-        &[b.divui(flat, len), b.remui(flat, len)],
-        exp_var("KILN_EXP_LOC").unwrap_or(3) as u32,
-    );
+    let flat = b.addi(b.addi(b.muli(row, len), col), b.idx(p.bytes / elem));
+    let last = b.subi(b.muli(end, len), b.idx(1));
+    let flat = b.minui(flat, last);
+    b.prefetch_with(w, &[b.divui(flat, len), b.remui(flat, len)], p.locality);
 }
 
 /// Register tile `(mr, nb)` for prefill: `mr * nb` accumulators plus `mr` activation vectors
@@ -175,12 +203,6 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         })
         .collect();
 
-    let total = b.idx(*n);
-    let (n_start, n_end) = thread_range(b, total, d, nb);
-    let nb_c = b.idx(nb);
-    let full_blocks = b.divui(b.subi(n_end, n_start), nb_c);
-    let n_full_end = b.addi(n_start, b.muli(full_blocks, nb_c));
-
     // One block of `cols` weight rows starting at `n0`, over every row tile.
     let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
         for part in &parts {
@@ -205,13 +227,18 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
             }
         }
     };
-    b.for_each(n_start, n_full_end, nb_c, |b, n0| block(b, n0, nb));
-    // Chunks are whole blocks, so only the thread ending at `n` has a remainder: `n % nb`.
+    // Shares are whole blocks, so only the range ending at `n` has a remainder: `n % nb`.
     let rem = n % nb;
-    if rem > 0 {
-        let has_rem = b.cmpi(crate::ir::Cmp::Ult, n_full_end, n_end);
-        b.if_then(has_rem, |b| block(b, n_full_end, rem));
-    }
+    split_work(b, d, *n, nb, nb, |b, n_start, n_end| {
+        let nb_c = b.idx(nb);
+        let full_blocks = b.divui(b.subi(n_end, n_start), nb_c);
+        let n_full_end = b.addi(n_start, b.muli(full_blocks, nb_c));
+        b.for_each(n_start, n_full_end, nb_c, |b, n0| block(b, n0, nb));
+        if rem > 0 {
+            let has_rem = b.cmpi(crate::ir::Cmp::Ult, n_full_end, n_end);
+            b.if_then(has_rem, |b| block(b, n_full_end, rem));
+        }
+    });
 }
 
 /// A range `k0..k0 + len` of the reduction dimension that one pass of the micro-kernel covers:
@@ -267,27 +294,50 @@ fn widen_rows<'c>(
 impl<'c, 'a> MatMul<'c, 'a> {
     /// Decode: each thread walks its rows a few at a time (see [`decode_float_rows`]), one
     /// accumulator per row and the prefill's lane-summing tree, so every output is bitwise
-    /// the one prefill computes; weights are prefetched [`decode_prefetch_bytes`] ahead.
+    /// the one prefill computes; weights are prefetched as [`decode_prefetches`] says.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let group = decode_float_rows(self.lanes).min(n);
-        let total = b.idx(n);
-        let (start, end) = thread_range(b, total, d, group);
-        let g_c = b.idx(group);
-        let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
-        b.for_each(start, full_end, g_c, |b, col| {
-            self.float_rows(b, w, dtype, col, group, n)
+        self.decode_split(b, d, n, group, dtype.bytes_for(self.k), |b, col, rows, end| {
+            self.float_rows(b, w, dtype, col, rows, end)
         });
-        // Chunks are whole groups, so only the thread ending at `n` has `n % group` rows left.
+    }
+
+    /// Splits the decode rows between threads (see [`split_work`]) in groups of `group` rows,
+    /// dynamic chunks at least [`DECODE_MIN_CHUNK_BYTES`] long; `rows_at(b, col0, rows, end)` emits
+    /// one group (`rows < group` only for the `n % group` rows at the end) of the range ending
+    /// at row `end`.
+    fn decode_split<F>(&self, b: Kb<'c, '_>, d: Dyn<'c, '_>, n: usize, group: usize, row_bytes: usize, rows_at: F)
+    where
+        F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, usize, Value<'c, 'x>),
+    {
+        let min_chunk = exp_var("KILN_EXP_MINCHUNK")
+            .unwrap_or(DECODE_MIN_CHUNK_BYTES)
+            .div_ceil(row_bytes);
+        // Shares are whole groups, so only the range ending at `n` has `n % group` rows left.
         let rem = n % group;
-        if rem > 0 {
-            let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
-            b.if_then(has_rem, |b| self.float_rows(b, w, dtype, full_end, rem, n));
-        }
+        split_work(b, d, n, group, min_chunk, |b, start, end| {
+            let g_c = b.idx(group);
+            let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
+            b.for_each(start, full_end, g_c, |b, col| rows_at(b, col, group, end));
+            if rem > 0 {
+                let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
+                b.if_then(has_rem, |b| rows_at(b, full_end, rem, end));
+            }
+        });
     }
 
     /// Outputs `col0..col0 + rows` of the decode row from float weights, one FMA chain each,
     /// walking `k` a cache line of weights per step with one prefetch per row and line.
-    fn float_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize, n: usize) {
+    #[allow(clippy::too_many_arguments)]
+    fn float_rows(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        col0: Value<'c, '_>,
+        rows: usize,
+        end: Value<'c, '_>,
+    ) {
         let lanes = self.lanes;
         let row = b.idx(0);
         let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
@@ -298,13 +348,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
         } else {
             1
         };
-        let ahead = decode_prefetch_bytes() / dtype.size();
+        let prefetches = decode_prefetches();
         let (zero, kc, step) = (b.idx(0), b.idx(self.k), b.idx(lanes * unroll));
         let acc = b.for_range(zero, kc, step, &inits, |b, kk0, acc| {
             let mut acc = acc;
-            if ahead > 0 {
-                for &col in &cols {
-                    prefetch_ahead(b, w, col, kk0, ahead, self.k, n);
+            for &col in &cols {
+                for p in prefetches.iter().filter(|p| p.bytes > 0) {
+                    prefetch_ahead(b, w, col, kk0, *p, dtype.size(), self.k, end);
                 }
             }
             for u in 0..unroll {
@@ -330,25 +380,23 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// independent FMA chains to overlap with the dequantisation work.
     fn decode_quant(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let group = decode_quant_rows(dtype).min(n);
-        let total = b.idx(n);
-        let (start, end) = thread_range(b, total, d, group);
-        let g_c = b.idx(group);
-        let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
-        b.for_each(start, full_end, g_c, |b, col| {
-            self.quant_rows(b, w, dtype, col, group, n)
+        self.decode_split(b, d, n, group, dtype.bytes_for(self.k), |b, col, rows, end| {
+            self.quant_rows(b, w, dtype, col, rows, end)
         });
-        // Chunks are whole groups, so only the thread ending at `n` has `n % group` rows left.
-        let rem = n % group;
-        if rem > 0 {
-            let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
-            b.if_then(has_rem, |b| self.quant_rows(b, w, dtype, full_end, rem, n));
-        }
     }
 
     /// Outputs `col0..col0 + rows` of the decode row from quantised weights, prefetching each
-    /// row's stream [`decode_prefetch_bytes`] ahead.
+    /// row's stream as [`decode_prefetches`] says.
     #[allow(clippy::too_many_arguments)]
-    fn quant_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, col0: Value<'c, '_>, rows: usize, n: usize) {
+    fn quant_rows(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        col0: Value<'c, '_>,
+        rows: usize,
+        end: Value<'c, '_>,
+    ) {
         let lanes = self.lanes;
         let be = dtype.block_elems();
         let blocks = self.k / be;
@@ -362,16 +410,20 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
-        let ahead = decode_prefetch_bytes();
+        let prefetches = decode_prefetches();
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
         let acc = b.for_range(zero, hi, step, &inits, |b, kb, acc| {
             let mut acc = acc;
-            if ahead > 0 {
-                let off = b.muli(kb, b.idx(dtype.block_bytes()));
-                for &col in &cols {
+            let off = b.muli(kb, b.idx(dtype.block_bytes()));
+            for &col in &cols {
+                for p in prefetches.iter().filter(|p| p.bytes > 0) {
                     // One prefetch per cache line the step reads (a step may span less than one).
                     for line in (0..span.div_ceil(64)).map(|l| l * 64) {
-                        prefetch_ahead(b, w, col, off, ahead + line, row_bytes, n);
+                        let at = Prefetch {
+                            bytes: p.bytes + line,
+                            ..*p
+                        };
+                        prefetch_ahead(b, w, col, off, at, 1, row_bytes, end);
                     }
                 }
             }

@@ -30,6 +30,8 @@ pub struct Dyn<'c, 'a> {
     pub pos: Value<'c, 'a>,
     pub tid: Value<'c, 'a>,
     pub nth: Value<'c, 'a>,
+    /// This call's work counter (`memref<8xi64>`, zero on entry; see [`split_work`]).
+    pub work: Value<'c, 'a>,
 }
 
 /// The MLIR memref type of one kernel argument.
@@ -67,8 +69,9 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
     let loc = Location::unknown(ctx);
     let module = Module::new(loc);
     let mut arg_types: Vec<String> = arg_types(kernel);
-    assert!(arg_types.len() <= abi::PTR_ARGS);
-    arg_types.resize(abi::PTR_ARGS, "memref<1xi8>".to_string());
+    assert!(arg_types.len() <= abi::BUFFER_ARGS);
+    arg_types.resize(abi::BUFFER_ARGS, "memref<1xi8>".to_string());
+    arg_types.push(format!("memref<{}xi64>", abi::WORK_COUNTER_BYTES / 8));
     arg_types.extend(std::iter::repeat_n("i64".to_string(), 4));
     let types: Vec<Type> = arg_types
         .iter()
@@ -87,6 +90,7 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
             pos: b.index_cast(args[abi::PTR_ARGS + 1], index),
             tid: b.index_cast(args[abi::PTR_ARGS + 2], index),
             nth: b.index_cast(args[abi::PTR_ARGS + 3], index),
+            work: args[abi::WORK_COUNTER_ARG],
         };
         let p = &args[..abi::PTR_ARGS];
         let lanes = opts.f32_lanes;
@@ -259,6 +263,48 @@ pub fn thread_range<'c, 'a>(
     let start = b.minui(b.muli(d.tid, chunk), total);
     let end = b.minui(b.addi(start, chunk), total);
     (start, end)
+}
+
+/// Shares of a kernel's work, in units of `align` items (the last unit may be short: only the
+/// range that ends at `total` has a remainder).
+///
+/// Three quarters of the items are split statically, in contiguous per-thread ranges as
+/// [`thread_range`] does (each thread streams its own slice of the weights, no coordination);
+/// the last quarter is handed out in chunks of at least `min_chunk` items through the call's
+/// work counter, so a thread slowed by the rest of the machine (or simply finishing later) is
+/// helped by the others instead of holding everyone at the next barrier. Outputs never depend
+/// on which thread computes them, so results stay the same for any thread count or timing.
+/// `body(b, start, end)` processes items `start..end`.
+pub fn split_work<'c, F>(b: Kb<'c, '_>, d: Dyn<'c, '_>, total: usize, align: usize, min_chunk: usize, body: F)
+where
+    F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, Value<'c, 'x>),
+{
+    let units = total.div_ceil(align);
+    let static_units = units * 3 / 4;
+    let dynamic_units = units - static_units;
+    // At most about 64 claims per call: few enough that the counter's cache line does not
+    // bounce between cores for long, small enough to even out the tail.
+    let chunk_units = dynamic_units.div_ceil(64).max(min_chunk.div_ceil(align)).max(1);
+    let static_items = (static_units * align).min(total);
+    if static_items > 0 {
+        let (start, end) = thread_range(b, b.idx(static_items), d, align);
+        body(b, start, end);
+    }
+    if dynamic_units == 0 {
+        return;
+    }
+    let chunk = chunk_units * align;
+    b.while_do(
+        |b| {
+            let claim = b.fetch_inc(d.work);
+            let start = b.addi(b.idx(static_items), b.muli(claim, b.idx(chunk)));
+            (b.cmpi(Cmp::Ult, start, b.idx(total)), start)
+        },
+        |b, start| {
+            let end = b.minui(b.addi(start, b.idx(chunk)), b.idx(total));
+            body(b, start, end);
+        },
+    );
 }
 
 /// `max(a, b)` for indices known to be non-negative.

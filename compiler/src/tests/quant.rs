@@ -13,7 +13,7 @@
 
 use super::{Rng, f32_to_f16, ptr};
 use crate::{CompileRequest, compile};
-use kiln_spec::abi::{KernelFn, PTR_ARGS};
+use kiln_spec::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
 use kiln_spec::{CompileOptions, DType, HostCpu, Kernel};
 use std::sync::OnceLock;
 
@@ -126,6 +126,9 @@ impl Lib {
     fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, nth: usize) {
         let mut p = [std::ptr::null_mut(); PTR_ARGS];
         p[..ptrs.len()].copy_from_slice(ptrs);
+        // The call's work counter, shared by its threads and zero when the call starts.
+        let mut work = [0u64; WORK_COUNTER_BYTES / 8];
+        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
         // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
         unsafe {
             let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
@@ -534,7 +537,7 @@ fn quant_speed() {
 /// Tuning: the decode stream rate of each emitter configuration over a 384 MiB matrix on two
 /// threads, next to the read probe on the same buffer, configurations interleaved round by
 /// round so that machine noise hits them alike:
-/// `KILN_SWEEP="ROWS:PREFETCH_BYTES[/LOCALITY],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
+/// `KILN_SWEEP="ROWS:NEAR_BYTES[:FAR_BYTES],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
 /// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`.
 #[test]
 #[ignore]
@@ -581,11 +584,11 @@ fn decode_sweep() {
         .map(|(r, p)| {
             // SAFETY: test-only; no other thread reads the environment while we compile.
             unsafe {
+                let (near, far) = p.split_once(':').unwrap_or((p, "0"));
                 std::env::set_var("KILN_EXP_FROWS", r);
                 std::env::set_var("KILN_EXP_ROWS", r);
-                let (p, loc) = p.split_once('/').unwrap_or((p, "3"));
-                std::env::set_var("KILN_EXP_PF", p);
-                std::env::set_var("KILN_EXP_LOC", loc);
+                std::env::set_var("KILN_EXP_PF", near);
+                std::env::set_var("KILN_EXP_PF_FAR", far);
             }
             Lib::build(std::slice::from_ref(&kernel), lanes)
         })
@@ -641,6 +644,8 @@ fn decode_sweep() {
         });
         probe_times.push(t.elapsed().as_secs_f64());
         for (i, lib) in libs.iter().enumerate() {
+            let mut work = [0u64; WORK_COUNTER_BYTES / 8];
+            let work_addr = work.as_mut_ptr() as usize;
             let t = std::time::Instant::now();
             std::thread::scope(|s| {
                 for tid in 0..2i64 {
@@ -651,7 +656,22 @@ fn decode_sweep() {
                         let p = |i: usize| ptrs[i] as *mut u8;
                         let null = std::ptr::null_mut();
                         // SAFETY: buffers match the kernel's shapes; threads write disjoint outputs.
-                        unsafe { f(p(0), p(1), p(2), null, null, null, null, null, 1, 0, tid, 2) };
+                        unsafe {
+                            f(
+                                p(0),
+                                p(1),
+                                p(2),
+                                null,
+                                null,
+                                null,
+                                null,
+                                work_addr as *mut u8,
+                                1,
+                                0,
+                                tid,
+                                2,
+                            )
+                        };
                     });
                 }
             });
