@@ -273,11 +273,15 @@ def main():
         f"| **Kiln / llama.cpp** | **{k['prefill_tok_s'] / l['prefill_tok_s']:.2f}×** | **{k['decode_tok_s'] / l['decode_tok_s']:.2f}×** | |",
         "",
     ]
-    if last_kiln.get("decode_pct_of_probe") is not None:
+    reads = [r["probe_read_gb_s"] for r in results["kiln"] if r.get("probe_read_gb_s")]
+    if reads:
         bpt = last_kiln["weight_bytes_per_token"]
-        read = last_kiln["probe_read_gb_s"]
-        lines.append(f"Weights read per token: {bpt / 1e6:.1f} MB. Probe (`kiln probe`, {args.threads} threads): "
-                     f"{read:.1f} GB/s read, {last_kiln['probe_fma_gflop_s']:.0f} GFLOP/s FMA.")
+        read = statistics.median(reads)
+        fma = last_kiln.get("probe_fma_gflop_s")
+        lines.append(f"Weights read per token: {bpt / 1e6:.1f} MB. Read ceiling: {read:.1f} GB/s at {args.threads} threads "
+                     f"(median over the Kiln runs of the read probe `kiln bench` runs right after each measurement: "
+                     f"{', '.join(f'{x:.1f}' for x in reads)})"
+                     + (f"; FMA peak (`kiln probe`): {fma:.0f} GFLOP/s." if fma else "."))
         lines.append(f"Decode as a share of the read ceiling: Kiln {100 * k['decode_tok_s'] * bpt / 1e9 / read:.0f} %, "
                      f"llama.cpp {100 * l['decode_tok_s'] * bpt / 1e9 / read:.0f} %.")
         lines.append("")

@@ -10,10 +10,17 @@ use std::ptr::NonNull;
 /// Alignment of every buffer: a cache line, and the widest vector load.
 const ALIGN: usize = 64;
 
-/// A zeroed, aligned heap allocation.
+/// Buffers at least this large are mapped straight from the kernel: their pages are zero
+/// until first written and cost nothing until then. (The global allocator zeroes an
+/// over-aligned allocation with memset, touching every page: for a KV cache of 4096 positions
+/// that was most of a warm start.)
+const MAP_THRESHOLD: usize = 1 << 20;
+
+/// A zeroed, aligned allocation: from the heap, or for large sizes an anonymous mapping.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
+    mapped: bool,
 }
 
 // SAFETY: the buffer is plain memory owned by this value; concurrent access is coordinated by
@@ -23,11 +30,7 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn zeroed(bytes: usize) -> AlignedBuf {
-        let layout = Layout::from_size_align(bytes.max(ALIGN), ALIGN).expect("buffer size fits in isize");
-        // SAFETY: the layout has non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, layout }
+        Self::with_align(bytes, ALIGN, false)
     }
     /// Like [`AlignedBuf::zeroed`], 2 MiB aligned and advised to use transparent huge pages
     /// (fewer TLB misses when a large buffer is streamed).
@@ -36,16 +39,62 @@ impl AlignedBuf {
         if bytes < HUGE {
             return AlignedBuf::zeroed(bytes);
         }
-        let layout = Layout::from_size_align(bytes.next_multiple_of(HUGE), HUGE).expect("buffer size fits in isize");
+        Self::with_align(bytes.next_multiple_of(HUGE), HUGE, true)
+    }
+
+    fn with_align(bytes: usize, align: usize, huge: bool) -> AlignedBuf {
+        let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
+        #[cfg(target_os = "linux")]
+        if layout.size() >= MAP_THRESHOLD {
+            // Over-allocate by the alignment so an aligned start always fits, then give the
+            // slack back; the kernel's pages are 4 KiB aligned already, enough below that.
+            let slack = align.saturating_sub(4096);
+            let len = layout.size() + slack;
+            // SAFETY: an anonymous private mapping with no address hint; checked below.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw != libc::MAP_FAILED {
+                let start = (raw as usize).next_multiple_of(align);
+                let head = start - raw as usize;
+                let tail = len - head - layout.size();
+                // SAFETY: unmapping the unused ends of the mapping just made; `huge` only
+                // advises the kernel about a range we own (failure means no huge pages).
+                unsafe {
+                    if head > 0 {
+                        libc::munmap(raw, head);
+                    }
+                    if tail > 0 {
+                        libc::munmap((start + layout.size()) as *mut libc::c_void, tail);
+                    }
+                    if huge {
+                        libc::madvise(start as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE);
+                    }
+                }
+                let ptr = NonNull::new(start as *mut u8).expect("mmap does not return null");
+                return AlignedBuf {
+                    ptr,
+                    layout,
+                    mapped: true,
+                };
+            }
+        }
+        let _ = huge;
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        #[cfg(target_os = "linux")]
-        // SAFETY: advising a range we own; failure only means no huge pages.
-        unsafe {
-            libc::madvise(raw as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE);
+        AlignedBuf {
+            ptr,
+            layout,
+            mapped: false,
         }
-        AlignedBuf { ptr, layout }
     }
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -76,7 +125,13 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this exact layout.
+        #[cfg(target_os = "linux")]
+        if self.mapped {
+            // SAFETY: `ptr..ptr + size` is exactly what `with_align` kept of its mapping.
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.layout.size()) };
+            return;
+        }
+        // SAFETY: allocated in `with_align` with this exact layout.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
@@ -141,5 +196,40 @@ impl Buffers {
             .filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_)))
             .map(|(_, v)| v.bytes())
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zeroed_aligned_and_writable_at_every_size() {
+        for bytes in [
+            1,
+            100,
+            4096,
+            MAP_THRESHOLD - 64,
+            MAP_THRESHOLD,
+            3 * MAP_THRESHOLD + 8,
+            5 << 20,
+        ] {
+            for huge in [false, true] {
+                let mut b = if huge {
+                    AlignedBuf::zeroed_huge(bytes)
+                } else {
+                    AlignedBuf::zeroed(bytes)
+                };
+                let align = if huge && bytes >= 2 << 20 { 2 << 20 } else { ALIGN };
+                assert_eq!(b.as_ptr() as usize % align, 0, "{bytes} bytes, huge {huge}");
+                assert!(b.bytes() >= bytes);
+                let n = b.bytes() / 4;
+                assert!(b.f32s(n).iter().all(|&v| v == 0.0), "{bytes} bytes start zeroed");
+                let s = b.f32s_mut(n);
+                s[0] = 1.0;
+                s[n - 1] = 2.0;
+                assert_eq!((b.f32s(n)[0], b.f32s(n)[n - 1]), (1.0, 2.0));
+            }
+        }
     }
 }

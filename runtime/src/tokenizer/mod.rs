@@ -48,6 +48,7 @@ use tokenizers::AddedToken;
 mod config;
 #[cfg(test)]
 mod expected;
+mod fast;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -232,6 +233,8 @@ impl Tokenizer {
                 rebuild_llama(&mut value, &config);
             }
             serde_json::from_value::<tokenizers::Tokenizer>(value.clone()).map_err(|e| load_error(file, &value, e))?
+        } else if let Some(tok) = fast::from_bytes(json) {
+            tok
         } else {
             tokenizers::Tokenizer::from_bytes(json).map_err(|e| match serde_json::from_slice::<Value>(json) {
                 Err(json_error) => TokenizerError::Json {

@@ -710,3 +710,79 @@ fn golden_fixture_models() {
         }
     }
 }
+
+/// The fast BPE reader (`fast.rs`) builds the tokenizer the crate's own reader builds: the same
+/// serialisation (vocabulary, merges, added tokens, pipeline) and the same ids for a corpus,
+/// on every tokenizer.json in the repository, on variants with legacy merges, `#version`
+/// lines, byte fallback and an unknown token, and on `KILN_QWEN_TOKENIZER` when it is set.
+#[test]
+fn fast_reader_builds_the_same_tokenizer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let mut files: Vec<PathBuf> = ["runtime/tests/data/qwen-bpe", "runtime/tests/data/llama-spm"]
+        .iter()
+        .chain(&[
+            "tests/fixtures/llama",
+            "tests/fixtures/mistral",
+            "tests/fixtures/qwen2",
+            "tests/fixtures/qwen3",
+        ])
+        .map(|d| root.join(d).join("tokenizer.json"))
+        .collect();
+    if let Some(dir) = std::env::var_os("KILN_QWEN_TOKENIZER") {
+        files.push(PathBuf::from(dir).join("tokenizer.json"));
+    }
+    let corpus = std::fs::read_to_string(root.join("scripts/corpus.txt")).unwrap();
+    let mut variants = Vec::new();
+    for path in &files {
+        let bytes = std::fs::read(path).unwrap();
+        variants.push((path.display().to_string(), bytes.clone()));
+        let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+        let merges = v["model"]["merges"].clone();
+        if let Some(list) = merges.as_array()
+            && list.first().is_some_and(Value::is_array)
+        {
+            // The legacy spelling of the same merges, behind a #version line.
+            let mut legacy = vec![json!("#version: 0.2")];
+            legacy.extend(
+                list.iter()
+                    .map(|m| json!(format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()))),
+            );
+            v["model"]["merges"] = Value::Array(legacy);
+            variants.push((
+                format!("{} (legacy merges)", path.display()),
+                serde_json::to_vec(&v).unwrap(),
+            ));
+        }
+        v["model"]["byte_fallback"] = json!(true);
+        v["model"]["fuse_unk"] = json!(true);
+        v["model"]["dropout"] = Value::Null;
+        variants.push((
+            format!("{} (byte fallback)", path.display()),
+            serde_json::to_vec(&v).unwrap(),
+        ));
+    }
+    for (name, bytes) in &variants {
+        let slow = tokenizers::Tokenizer::from_bytes(bytes).unwrap();
+        let fast = fast::from_bytes(bytes).unwrap_or_else(|| panic!("{name}: the fast reader declined"));
+        assert_eq!(
+            fast.to_string(false).unwrap(),
+            slow.to_string(false).unwrap(),
+            "{name}: serialisations differ"
+        );
+        for line in corpus
+            .lines()
+            .chain(["<|im_start|>user\nhé 你好 🦀<|im_end|>", "  two  spaces\t\ttabs"])
+        {
+            for special in [false, true] {
+                let a = fast.encode(line, special).unwrap();
+                let b = slow.encode(line, special).unwrap();
+                assert_eq!(a.get_ids(), b.get_ids(), "{name}: {line:?}");
+            }
+        }
+    }
+    // What the fast reader does not take, the crate's reader gets (and reports).
+    assert!(fast::from_bytes(br#"{"model": {"type": "WordLevel", "vocab": {}, "unk_token": "x"}}"#).is_none());
+    assert!(fast::from_bytes(br#"{"version": "2.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}"#).is_none());
+    assert!(fast::from_bytes(br#"{"model": {"type": "BPE", "vocab": {}, "merges": ["a b c"]}}"#).is_none());
+    assert!(fast::from_bytes(b"not json").is_none());
+}
