@@ -360,6 +360,21 @@ impl<'c, 'a> Kb<'c, 'a> {
             // One tree per `lanes` vectors; each vector's sum is formed the same way.
             return vs.chunks(lanes).flat_map(|c| self.reduce_many(c)).collect();
         }
+        let (v, width) = self.fold_tree(vs);
+        (0..vs.len()).map(|i| self.extract(v, i * width)).collect()
+    }
+
+    /// The lane sums of exactly `lanes` vectors as one vector (lane `i` = the sum of `vs[i]`),
+    /// by the same tree as [`Kb::reduce_many`].
+    pub fn reduce_to_vector(&self, vs: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+        assert_eq!(vs.len(), lanes_of(vs[0]), "one vector per lane");
+        self.fold_tree(vs).0
+    }
+
+    /// The folding tree of [`Kb::reduce_many`] for at most `lanes` vectors: a vector holding
+    /// the sum of `vs[i]` in lane `i * width`, and `width`.
+    fn fold_tree(&self, vs: &[Value<'c, 'a>]) -> (Value<'c, 'a>, usize) {
+        let lanes = lanes_of(vs[0]);
         let groups = vs.len().next_power_of_two();
         let zero = self.f32_splat(0.0, lanes);
         let mut level: Vec<Value<'c, 'a>> = (0..groups).map(|i| vs.get(i).copied().unwrap_or(zero)).collect();
@@ -387,8 +402,34 @@ impl<'c, 'a> Kb<'c, 'a> {
             v = self.addf_fast(v, self.shuffle(v, v, &mask));
             seg = half;
         }
-        let width = lanes / groups;
-        (0..vs.len()).map(|i| self.extract(v, i * width)).collect()
+        (v, lanes / groups)
+    }
+
+    /// The largest lane of a vector.
+    pub fn reduce_max(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1(
+            "vector.reduction",
+            &[v],
+            self.f32_ty(),
+            &[("kind", self.attr("#vector.kind<maximumf>"))],
+        )
+    }
+
+    /// Lane `i` of `v` in every lane.
+    pub fn splat_lane(&self, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
+        let lanes = lanes_of(v);
+        self.shuffle(v, v, &vec![i; lanes])
+    }
+
+    /// `a < b` lane by lane (ordered), as a vector of i1.
+    pub fn cmpf_olt(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        let lanes = lanes_of(a);
+        self.op1(
+            "arith.cmpf",
+            &[a, b],
+            self.vec_ty(lanes, "i1"),
+            &[("predicate", self.attr("4 : i64"))],
+        )
     }
 
     // ---- integer vectors (quantised weights) ------------------------------------------------------

@@ -365,7 +365,8 @@ fn rope_kv_with_and_without_qk_norm() {
                     let mut want: Vec<f64> = k0[s..s + D].iter().map(|v| *v as f64).collect();
                     rope_ref(&mut want, pos + r, qk.then_some(&knv[..]));
                     assert_close(&kk[s..s + D], &want, 2e-6, "rope k");
-                    let c0 = (pos + r) * KV * D + h * D;
+                    // The caches are head-major: [kv_heads, ctx, head_dim].
+                    let c0 = (h * CTX + pos + r) * D;
                     assert_eq!(&kc[c0..c0 + D], &kk[s..s + D], "k cache row");
                     assert_eq!(&vc[c0..c0 + D], &v[s..s + D], "v cache row");
                 }
@@ -405,7 +406,7 @@ fn attention_causal_gqa_and_sliding_window() {
                     let scores: Vec<f64> = (first..=p)
                         .map(|j| {
                             (0..D)
-                                .map(|i| qs[i] as f64 * kc[j * KV * D + g * D + i] as f64)
+                                .map(|i| qs[i] as f64 * kc[(g * CTX + j) * D + i] as f64)
                                 .sum::<f64>()
                                 * scale
                         })
@@ -417,7 +418,7 @@ fn attention_causal_gqa_and_sliding_window() {
                         .map(|i| {
                             (first..=p)
                                 .zip(&e)
-                                .map(|(j, w)| w / z * vc[j * KV * D + g * D + i] as f64)
+                                .map(|(j, w)| w / z * vc[(g * CTX + j) * D + i] as f64)
                                 .sum()
                         })
                         .collect();

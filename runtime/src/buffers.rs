@@ -30,7 +30,13 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn zeroed(bytes: usize) -> AlignedBuf {
-        Self::with_align(bytes, ALIGN, false)
+        Self::with_align(bytes, ALIGN, false, false)
+    }
+    /// Like [`AlignedBuf::zeroed`], but for a large buffer of which only a part may ever be
+    /// touched: the address space is reserved without committing memory for it
+    /// (`MAP_NORESERVE`), and pages are backed only once written.
+    pub fn reserved(bytes: usize) -> AlignedBuf {
+        Self::with_align(bytes, ALIGN, false, true)
     }
     /// Like [`AlignedBuf::zeroed`], 2 MiB aligned and advised to use transparent huge pages
     /// (fewer TLB misses when a large buffer is streamed).
@@ -39,10 +45,10 @@ impl AlignedBuf {
         if bytes < HUGE {
             return AlignedBuf::zeroed(bytes);
         }
-        Self::with_align(bytes.next_multiple_of(HUGE), HUGE, true)
+        Self::with_align(bytes.next_multiple_of(HUGE), HUGE, true, false)
     }
 
-    fn with_align(bytes: usize, align: usize, huge: bool) -> AlignedBuf {
+    fn with_align(bytes: usize, align: usize, huge: bool, noreserve: bool) -> AlignedBuf {
         let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
         #[cfg(target_os = "linux")]
         if layout.size() >= MAP_THRESHOLD {
@@ -56,7 +62,7 @@ impl AlignedBuf {
                     std::ptr::null_mut(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if noreserve { libc::MAP_NORESERVE } else { 0 },
                     -1,
                     0,
                 )
@@ -86,7 +92,7 @@ impl AlignedBuf {
                 };
             }
         }
-        let _ = huge;
+        let _ = (huge, noreserve);
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
@@ -137,7 +143,7 @@ impl Drop for AlignedBuf {
 }
 
 /// Every buffer a plan can name: activations sized for `block_rows` rows, one logits row, and
-/// K and V caches of `ctx` rows per layer.
+/// K and V caches of `ctx` usable positions per layer.
 pub struct Buffers {
     bufs: HashMap<Buf, AlignedBuf>,
     row_bytes: HashMap<Buf, usize>,
@@ -152,7 +158,11 @@ impl Buffers {
         let mut add = |b: Buf, rows: usize| {
             let row = b.row_len(spec) * 4;
             row_bytes.insert(b, row);
-            bufs.insert(b, AlignedBuf::zeroed(row * rows));
+            let buf = match b {
+                Buf::KCache(_) | Buf::VCache(_) => AlignedBuf::reserved(row * rows),
+                _ => AlignedBuf::zeroed(row * rows),
+            };
+            bufs.insert(b, buf);
         };
         for b in [
             Buf::Tokens,
@@ -168,9 +178,12 @@ impl Buffers {
             add(b, block_rows);
         }
         add(Buf::Logits, 1);
+        // The caches are head-major (`[kv_heads, capacity, head_dim]`) with the capacity the
+        // kernels were compiled for, the model's own limit; the engine uses only the first
+        // `ctx` positions of each head, so only those pages are ever backed by memory.
         for l in 0..spec.num_layers() {
-            add(Buf::KCache(l), ctx);
-            add(Buf::VCache(l), ctx);
+            add(Buf::KCache(l), spec.max_position_embeddings);
+            add(Buf::VCache(l), spec.max_position_embeddings);
         }
         Buffers {
             bufs,
@@ -189,12 +202,12 @@ impl Buffers {
     pub fn row_bytes(&self, b: Buf) -> usize {
         self.row_bytes[&b]
     }
-    /// Bytes held by the KV cache.
+    /// Bytes the KV cache holds when all `ctx` positions are in use.
     pub fn kv_bytes(&self) -> usize {
-        self.bufs
+        self.row_bytes
             .iter()
             .filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_)))
-            .map(|(_, v)| v.bytes())
+            .map(|(_, row)| row * self.ctx)
             .sum()
     }
 }

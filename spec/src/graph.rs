@@ -135,8 +135,10 @@ impl Graph {
 /// residual stream in [`Buf::X`].
 pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
     let mut g = Graph::default();
-    // The caches' static capacity is the model's own limit; the runtime may allocate fewer rows
-    // and checks every position against what it allocated before calling a kernel.
+    // The caches' static capacity is the model's own limit: they are head-major
+    // (`[kv_heads, capacity, head_dim]`, each head's keys one contiguous stream), so the runtime
+    // reserves that much address space, uses the first `ctx` positions of each head, and checks
+    // every position against `ctx` before calling a kernel.
     let ctx = spec.max_position_embeddings;
     let h = spec.hidden_size;
     let eps = F32Bits::new(spec.rms_norm_eps);

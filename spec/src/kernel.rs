@@ -67,7 +67,8 @@ pub enum Kernel {
     /// RoPE (rotate-half) on q and k in place, then k and v written into the caches at row
     /// `pos + r`.
     /// Args: `q: f32[max_rows, heads*head_dim]`, `k, v: f32[max_rows, kv_heads*head_dim]`,
-    /// `k_cache, v_cache: f32[ctx, kv_heads*head_dim]`, `q_norm, k_norm: [head_dim]` (Qwen3).
+    /// `k_cache, v_cache: f32[kv_heads, ctx, head_dim]` (head-major: each head's keys are one
+    /// contiguous stream for attention), `q_norm, k_norm: [head_dim]` (Qwen3).
     RopeKv {
         heads: usize,
         kv_heads: usize,
@@ -81,7 +82,7 @@ pub enum Kernel {
     /// Causal grouped-query attention of each row over cache rows `[start, pos + r]`, where
     /// `start = max(0, pos + r + 1 - window)` with a sliding window and 0 otherwise. Softmax in
     /// f32, scale `1 / sqrt(head_dim)`.
-    /// Args: `q: f32[max_rows, heads*head_dim]`, `k_cache, v_cache: f32[ctx, kv_dim]`,
+    /// Args: `q: f32[max_rows, heads*head_dim]`, `k_cache, v_cache: f32[kv_heads, ctx, head_dim]`,
     /// `out: f32[max_rows, heads*head_dim]`.
     Attention {
         heads: usize,

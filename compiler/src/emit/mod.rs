@@ -188,8 +188,8 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
                 memref(&[*max_rows, heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
-                memref(&[*ctx, kv_heads * head_dim], "f32"),
-                memref(&[*ctx, kv_heads * head_dim], "f32"),
+                memref(&[kv_heads * ctx, *head_dim], "f32"),
+                memref(&[kv_heads * ctx, *head_dim], "f32"),
             ];
             if let Some(n) = qk_norm {
                 v.push(memref(&[*head_dim], elem(n.q_dtype)));
@@ -206,8 +206,8 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             ..
         } => vec![
             memref(&[*max_rows, heads * head_dim], "f32"),
-            memref(&[*ctx, kv_heads * head_dim], "f32"),
-            memref(&[*ctx, kv_heads * head_dim], "f32"),
+            memref(&[kv_heads * ctx, *head_dim], "f32"),
+            memref(&[kv_heads * ctx, *head_dim], "f32"),
             memref(&[*max_rows, heads * head_dim], "f32"),
         ],
         // Flat views: the elementwise kernel walks rows * dim contiguous values.
