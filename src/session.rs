@@ -35,6 +35,9 @@ pub struct OpenOptions {
     pub progress: bool,
     /// Convert quantised weights to this float type at load (`--dequantize`).
     pub dequantize: Option<kiln_spec::DType>,
+    /// Emit vectors of at most this many f32 lanes (4, 8 or 16) instead of the widest the host
+    /// has: lets a machine with AVX-512 build and check the code an AVX2 machine gets.
+    pub max_f32_lanes: Option<usize>,
 }
 
 /// The compiled library for a model on this machine.
@@ -72,6 +75,17 @@ pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOp
     options
 }
 
+impl OpenOptions {
+    /// The compile options these options ask for on `host`.
+    pub fn compile_options(&self, host: &HostCpu) -> CompileOptions {
+        let mut options = compile_options(host, self.prefill_rows);
+        if let Some(lanes) = self.max_f32_lanes {
+            options.f32_lanes = options.f32_lanes.min(lanes.clamp(4, 16).next_power_of_two());
+        }
+        options
+    }
+}
+
 /// The cache key of the library for `spec` compiled with `options` on `host`.
 pub fn cache_key(spec: &ModelSpec, options: &CompileOptions, host: &HostCpu) -> Key {
     let spec_json = serde_json::to_string(spec).expect("spec serialises");
@@ -101,7 +115,7 @@ pub fn ensure_compiled(
     cache: &Cache,
     opts: &OpenOptions,
 ) -> Result<CompiledLibrary> {
-    let options = compile_options(host, opts.prefill_rows);
+    let options = opts.compile_options(host);
     let request = LibraryRequest {
         key: cache_key(spec, &options, host),
         kernels: kiln_compiler::model_kernels(spec, &options)?,
@@ -304,7 +318,7 @@ impl PreparedModel {
         // Reject a bad --ctx before paying for a compile.
         engine_config.resolved_ctx(&spec)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
-        let options = compile_options(&host, opts.prefill_rows);
+        let options = opts.compile_options(&host);
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
             Err(EngineError::Library(
                 e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),

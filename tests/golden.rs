@@ -43,10 +43,15 @@ fn cache_dir() -> &'static Path {
 }
 
 fn open(name: &str, threads: usize, prefill_rows: Option<usize>) -> Session {
+    open_with(name, threads, prefill_rows, None)
+}
+
+fn open_with(name: &str, threads: usize, prefill_rows: Option<usize>, max_f32_lanes: Option<usize>) -> Session {
     let opts = OpenOptions {
         threads: Some(threads),
         prefill_rows,
         cache_dir: Some(cache_dir().to_path_buf()),
+        max_f32_lanes,
         ..OpenOptions::default()
     };
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
@@ -71,7 +76,11 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32
 
 /// Checks every case of `name`; returns the largest logit difference seen.
 fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
-    let mut session = open(name, threads, prefill_rows);
+    check_model_with(name, threads, prefill_rows, None)
+}
+
+fn check_model_with(name: &str, threads: usize, prefill_rows: Option<usize>, lanes: Option<usize>) -> f32 {
+    let mut session = open_with(name, threads, prefill_rows, lanes);
     let mut worst = 0.0f32;
     for (i, case) in golden(name).cases.iter().enumerate() {
         let ids = session.tokenizer.encode(&case.prompt, true).expect("encode");
@@ -91,7 +100,10 @@ fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
             "{name} case {i}: greedy continuation differs from transformers"
         );
     }
-    eprintln!("{name} (threads {threads}, prefill block {prefill_rows:?}): max |logit diff| = {worst:e}");
+    eprintln!(
+        "{name} (threads {threads}, prefill block {prefill_rows:?}, f32 lanes {}): max |logit diff| = {worst:e}",
+        lanes.map_or("of the host".to_string(), |l| format!("<= {l}"))
+    );
     worst
 }
 
@@ -99,6 +111,17 @@ fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
 fn greedy_output_and_logits_match_transformers() {
     for name in MODELS {
         check_model(name, 2, None);
+    }
+}
+
+#[test]
+fn narrower_vectors_match_transformers_too() {
+    // The code an AVX2 (8 lanes) or SSE-width (4 lanes) machine gets: other row groupings,
+    // tiles and reduction trees, checked on whatever machine runs the tests.
+    for lanes in [8, 4] {
+        for name in ["llama", "qwen3"] {
+            check_model_with(name, 2, None, Some(lanes));
+        }
     }
 }
 
