@@ -34,7 +34,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -68,53 +67,13 @@ def ensure_llama_cpp():
     return llama_cpp.__version__
 
 
-def download_sdist(project, version, dest):
-    """Downloads `project==version`'s source distribution from PyPI's simple index (JSON form)
-    and checks its sha256. `pip download --no-binary :all:` would build every build dependency
-    (cmake among them) from source just to read the package's metadata."""
-    import urllib.request
-    name = project.replace("-", "_")
-    want = f"{name}-{version}.tar.gz"
-    out = dest / want
-    if out.exists():
-        return out
-    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
-    req = urllib.request.Request(f"{index}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        files = json.load(r)["files"]
-    entry = next((f for f in files if f["filename"] == want), None)
-    if entry is None:
-        sys.exit(f"{want} is not on {index}/{project}/")
-    tmp = out.with_suffix(".partial")
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(entry["url"], timeout=600) as r, open(tmp, "wb") as f:
-        while chunk := r.read(1 << 20):
-            digest.update(chunk)
-            f.write(chunk)
-    if digest.hexdigest() != entry["hashes"]["sha256"]:
-        tmp.unlink()
-        sys.exit(f"{want}: sha256 mismatch")
-    tmp.rename(out)
-    return out
-
-
 def converter(version):
     """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist of this version."""
-    dest = WORK / f"llama-cpp-python-{version}"
-    script = dest / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    if script.exists():
-        return script
-    WORK.mkdir(parents=True, exist_ok=True)
-    log(f"fetching the llama-cpp-python {version} source distribution for convert_hf_to_gguf.py")
-    sdist = download_sdist("llama-cpp-python", version, WORK)
-    with tarfile.open(sdist) as t:
-        t.extractall(WORK, filter="data")
-    extracted = WORK / f"llama_cpp_python-{version}"
-    if extracted.exists() and not dest.exists():
-        extracted.rename(dest)
-    if not script.exists():
-        sys.exit(f"convert_hf_to_gguf.py not found in {sdist}")
-    return script
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(_here) / "llama_cpp_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    return sources.llama_cpp_dir(version) / "convert_hf_to_gguf.py"
 
 
 def model_dtype(model_dir):

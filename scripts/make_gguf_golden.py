@@ -28,25 +28,17 @@ import os
 import pathlib
 import subprocess
 import sys
-import tarfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "gguf"
-WORK = pathlib.Path(os.environ.get("KILN_SCRIPTS_CACHE", pathlib.Path.home() / ".cache" / "kiln-scripts"))
 
 
 def llama_cpp_sources(version):
-    dest = WORK / f"llama-cpp-python-{version}"
-    if (dest / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").exists():
-        return dest / "vendor" / "llama.cpp"
-    WORK.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={version}", "-d", str(WORK)], check=True)
-    sdist = next(WORK.glob(f"llama_cpp_python-{version}.tar.gz"))
-    with tarfile.open(sdist) as t:
-        t.extractall(WORK, filter="data")
-    (WORK / f"llama_cpp_python-{version}").rename(dest)
-    return dest / "vendor" / "llama.cpp"
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(__file__).resolve().parent / "llama_cpp_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    return sources.llama_cpp_dir(version)
 
 
 # Our tiny fixtures use tokenizers trained for the tests, whose pre-tokenizer hashes llama.cpp's

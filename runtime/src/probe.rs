@@ -111,12 +111,17 @@ pub struct ReadProbe {
 }
 
 impl ReadProbe {
-    /// Binds the read kernel of the probe library at `library` and fills a `buffer_bytes` buffer.
+    /// Binds the read kernel of the probe library at `library` and fills a `buffer_bytes` buffer
+    /// (on transparent huge pages with `KILN_PROBE_HUGE`).
     pub fn open(library: &Path, buffer_bytes: usize, f32_lanes: usize) -> Result<ReadProbe, LibraryError> {
         let (read, _) = probe_kernels(buffer_bytes, f32_lanes);
         let lib = KernelLibrary::open(library, std::slice::from_ref(&read))?;
         let read_fn = lib.get(&read).expect("bound");
-        let mut buf = AlignedBuf::zeroed(buffer_bytes);
+        let mut buf = if std::env::var_os("KILN_PROBE_HUGE").is_some() {
+            AlignedBuf::zeroed_huge(buffer_bytes)
+        } else {
+            AlignedBuf::zeroed(buffer_bytes)
+        };
         // Touch every page first so page faults are not measured.
         for (i, v) in buf.f32s_mut(buffer_bytes / 4).iter_mut().enumerate() {
             *v = (i % 1024) as f32 * 1e-3;
@@ -133,6 +138,11 @@ impl ReadProbe {
 
     /// Best read bandwidth in GB/s over `passes` passes on every thread of `pool`.
     pub fn best_gb_s(&self, pool: &Pool, passes: usize) -> f64 {
+        self.measure(pool, passes).best
+    }
+
+    /// Read bandwidth in GB/s (best and median of `passes` passes) on every thread of `pool`.
+    pub fn measure(&self, pool: &Pool, passes: usize) -> ProbePoint {
         let nth = pool.threads() as i64;
         let (buf_addr, sums_addr) = (self.buf.as_ptr() as usize, self.sums.as_ptr() as usize);
         let work_addr = self.work.as_ptr() as usize;
@@ -159,7 +169,7 @@ impl ReadProbe {
                 };
             })
         });
-        summarise(pool.threads(), &times, |t| self.buffer_bytes as f64 / t / 1e9).best
+        summarise(pool.threads(), &times, |t| self.buffer_bytes as f64 / t / 1e9)
     }
 }
 
@@ -171,24 +181,15 @@ pub fn run_probe(
     passes: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ProbeResult, LibraryError> {
-    let (read, fma) = probe_kernels(buffer_bytes, f32_lanes);
-    let lib = KernelLibrary::open(library, &[read.clone(), fma.clone()])?;
-    let read_fn = lib.get(&read).expect("bound");
+    let read_probe = ReadProbe::open(library, buffer_bytes, f32_lanes)?;
+    let (_, fma) = probe_kernels(buffer_bytes, f32_lanes);
+    let lib = KernelLibrary::open(library, std::slice::from_ref(&fma))?;
     let fma_fn = lib.get(&fma).expect("bound");
     let cores = physical_cores();
-    let mut buf = if std::env::var_os("KILN_PROBE_HUGE").is_some() {
-        AlignedBuf::zeroed_huge(buffer_bytes)
-    } else {
-        AlignedBuf::zeroed(buffer_bytes)
-    };
-    // Touch every page first so page faults are not measured.
-    for (i, v) in buf.f32s_mut(buffer_bytes / 4).iter_mut().enumerate() {
-        *v = (i % 1024) as f32 * 1e-3;
-    }
     let sums = AlignedBuf::zeroed(64 * 16 * 4);
-    // Addresses as integers so the per-thread closures are `Sync`.
     let work = AlignedBuf::zeroed(WORK_COUNTER_BYTES);
-    let (buf_addr, sums_addr, work_addr) = (buf.as_ptr() as usize, sums.as_ptr() as usize, work.as_ptr() as usize);
+    // Addresses as integers so the per-thread closures are `Sync`.
+    let (sums_addr, work_addr) = (sums.as_ptr() as usize, work.as_ptr() as usize);
     let null = std::ptr::null_mut::<u8>;
     let load_average = load_average();
 
@@ -197,28 +198,7 @@ pub fn run_probe(
     for threads in 1..=cores.len() {
         let pool = Pool::new(threads, Some(&cores[..threads]));
         let nth = threads as i64;
-        let times = measure(passes, || {
-            pool.run(&|tid, _| {
-                // SAFETY: ABI signature; `buf` holds `elems` f32, `sums` 64 x 16 f32.
-                unsafe {
-                    read_fn(
-                        buf_addr as *mut u8,
-                        sums_addr as *mut u8,
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        work_addr as *mut u8,
-                        1,
-                        0,
-                        tid as i64,
-                        nth,
-                    )
-                };
-            })
-        });
-        let point = summarise(threads, &times, |t| buffer_bytes as f64 / t / 1e9);
+        let point = read_probe.measure(&pool, passes);
         progress(&format!("read  {threads} thread(s): {:.1} GB/s", point.best));
         read_gb_s.push(point);
 
