@@ -13,6 +13,7 @@ use std::time::Instant;
 
 pub struct BenchArgs {
     pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
     pub model: PathBuf,
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
@@ -58,6 +59,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         prefill_rows: args.prefill_block,
         progress: !args.json,
         dequantize: args.dequantize,
+        target_cpu: args.target_cpu.clone(),
         ..OpenOptions::default()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;

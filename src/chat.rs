@@ -197,6 +197,7 @@ impl ReplyPrinter {
 /// What `kiln chat` was asked for.
 pub struct ChatArgs {
     pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
     pub model: PathBuf,
     pub system: Option<String>,
     pub think: bool,
@@ -223,6 +224,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
         dequantize: args.dequantize,
+        target_cpu: args.target_cpu.clone(),
         ..OpenOptions::default()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;

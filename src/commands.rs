@@ -17,6 +17,7 @@ use std::time::Instant;
 
 pub struct CompileArgs {
     pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
     pub model: PathBuf,
     pub emit_mlir: Option<PathBuf>,
     pub emit_asm: Option<PathBuf>,
@@ -34,6 +35,7 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
         threads: args.threads,
         progress: !args.json,
         dequantize: args.dequantize,
+        target_cpu: args.target_cpu.clone(),
         ..OpenOptions::default()
     };
     let loaded = PreparedModel::open(&args.model, &opts)?;
@@ -78,6 +80,7 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
 
 pub struct RunArgs {
     pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
     pub model: PathBuf,
     pub prompt: String,
     /// Send the prompt as one user turn through the chat template.
@@ -109,6 +112,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
         dequantize: args.dequantize,
+        target_cpu: args.target_cpu.clone(),
         ..OpenOptions::default()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
@@ -228,19 +232,20 @@ pub fn info(
     path: &Path,
     prefill_block: Option<usize>,
     dequantize: Option<kiln_spec::DType>,
+    target_cpu: Option<String>,
     as_json: bool,
 ) -> Result<()> {
-    let loaded = PreparedModel::open(
-        path,
-        &OpenOptions {
-            dequantize,
-            progress: !as_json,
-            ..OpenOptions::default()
-        },
-    )?;
+    let opts = OpenOptions {
+        dequantize,
+        prefill_rows: prefill_block,
+        target_cpu,
+        progress: !as_json,
+        ..OpenOptions::default()
+    };
+    let loaded = PreparedModel::open(path, &opts)?;
     let spec = &loaded.spec;
     let host = HostCpu::detect();
-    let options = compile_options(&host, prefill_block);
+    let options = opts.compile_options(&host)?;
     let key = cache_key(spec, &options, &host);
     let cache = Cache::at(Cache::default_root()?);
     let state = match cache.lookup(&key)? {
@@ -511,6 +516,7 @@ pub struct DebugArgs {
     pub threads: Option<usize>,
     pub prefill_block: Option<usize>,
     pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
 }
 
 /// `kiln debug`: one JSON object with the prompt's token ids, the residual stream after the
@@ -520,6 +526,7 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
         threads: args.threads,
         prefill_rows: args.prefill_block,
         dequantize: args.dequantize,
+        target_cpu: args.target_cpu.clone(),
         ..OpenOptions::default()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;

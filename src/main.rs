@@ -211,6 +211,11 @@ struct BuildArgs {
     /// Convert quantised GGUF weights to bf16 or f32 at load instead of reading them as stored.
     #[arg(long, value_name = "TYPE", value_parser = parse_float_dtype)]
     dequantize: Option<DType>,
+    /// Generate code for an x86-64 level instead of this CPU: x86-64-v2 (SSE4.2), x86-64-v3
+    /// (AVX2 + FMA) or x86-64-v4 (AVX-512); it must be one this CPU can run. Lets an AVX-512
+    /// machine build, inspect and measure the code an AVX2 machine gets.
+    #[arg(long, value_name = "LEVEL")]
+    target_cpu: Option<String>,
 }
 
 /// Rust ignores SIGPIPE, which turns `kiln ... | head` into a panic on the next write to the
@@ -314,6 +319,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
+            target_cpu: build.target_cpu,
             json,
         }),
         Command::Run {
@@ -342,6 +348,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
+            target_cpu: build.target_cpu,
             ctx,
             show_special,
             ignore_eos,
@@ -370,13 +377,16 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
+            target_cpu: build.target_cpu,
             ctx,
             json,
             stats,
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
         }),
-        Command::Info { model, build, json } => commands::info(&model, build.prefill_block, build.dequantize, json),
+        Command::Info { model, build, json } => {
+            commands::info(&model, build.prefill_block, build.dequantize, build.target_cpu, json)
+        }
         Command::Probe { passes, json } => commands::probe(passes, json),
         Command::Debug {
             model,
@@ -394,6 +404,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
+            target_cpu: build.target_cpu,
         }),
         Command::Bench {
             model,
@@ -412,6 +423,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             threads: build.threads,
             prefill_block: build.prefill_block,
             dequantize: build.dequantize,
+            target_cpu: build.target_cpu,
             json,
             print_prompt,
             no_probe,

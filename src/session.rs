@@ -38,6 +38,9 @@ pub struct OpenOptions {
     /// Emit vectors of at most this many f32 lanes (4, 8 or 16) instead of the widest the host
     /// has: lets a machine with AVX-512 build and check the code an AVX2 machine gets.
     pub max_f32_lanes: Option<usize>,
+    /// Build for this x86-64 level (`x86-64-v3` is AVX2 + FMA) instead of the host CPU: the
+    /// library must still run here, so the level must be one this CPU has.
+    pub target_cpu: Option<String>,
 }
 
 /// The compiled library for a model on this machine.
@@ -77,12 +80,17 @@ pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOp
 
 impl OpenOptions {
     /// The compile options these options ask for on `host`.
-    pub fn compile_options(&self, host: &HostCpu) -> CompileOptions {
+    pub fn compile_options(&self, host: &HostCpu) -> Result<CompileOptions> {
         let mut options = compile_options(host, self.prefill_rows);
         if let Some(lanes) = self.max_f32_lanes {
             options.f32_lanes = options.f32_lanes.min(lanes.clamp(4, 16).next_power_of_two());
         }
-        options
+        if let Some(cpu) = &self.target_cpu {
+            let level = host.x86_level(cpu).map_err(|e| anyhow!("--target-cpu: {e}"))?;
+            options.f32_lanes = options.f32_lanes.min(level.f32_lanes);
+            options.target_cpu = Some(level.name.to_string());
+        }
+        Ok(options)
     }
 }
 
@@ -115,7 +123,7 @@ pub fn ensure_compiled(
     cache: &Cache,
     opts: &OpenOptions,
 ) -> Result<CompiledLibrary> {
-    let options = opts.compile_options(host);
+    let options = opts.compile_options(host)?;
     let request = LibraryRequest {
         key: cache_key(spec, &options, host),
         kernels: kiln_compiler::model_kernels(spec, &options)?,
@@ -318,7 +326,7 @@ impl PreparedModel {
         // Reject a bad --ctx before paying for a compile.
         engine_config.resolved_ctx(&spec)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
-        let options = opts.compile_options(&host);
+        let options = opts.compile_options(&host)?;
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
             Err(EngineError::Library(
                 e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),

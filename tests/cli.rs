@@ -417,6 +417,23 @@ fn prompt_longer_than_the_context() {
 }
 
 #[test]
+fn unknown_or_unsupported_target_cpu() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("qwen2");
+    expect_error(
+        &model,
+        cache.path(),
+        &["--target-cpu", "haswell"],
+        &["--target-cpu", "unknown target CPU `haswell`", "x86-64-v3"],
+    );
+    let host = kiln_spec::HostCpu::detect();
+    if host.x86_level("x86-64-v4").is_err() && host.arch == "x86_64" {
+        // A level above this CPU's: the library could not run here.
+        expect_error(&model, cache.path(), &["--target-cpu", "x86-64-v4"], &["lacks avx512"]);
+    }
+}
+
+#[test]
 fn unwritable_cache_folder() {
     let base = tempfile::tempdir().unwrap();
     // A cache path below a regular file can be created by nobody, root included.

@@ -47,12 +47,21 @@ fn open(name: &str, threads: usize, prefill_rows: Option<usize>) -> Session {
 }
 
 fn open_with(name: &str, threads: usize, prefill_rows: Option<usize>, max_f32_lanes: Option<usize>) -> Session {
+    open_opts(
+        name,
+        OpenOptions {
+            threads: Some(threads),
+            prefill_rows,
+            max_f32_lanes,
+            ..OpenOptions::default()
+        },
+    )
+}
+
+fn open_opts(name: &str, opts: OpenOptions) -> Session {
     let opts = OpenOptions {
-        threads: Some(threads),
-        prefill_rows,
         cache_dir: Some(cache_dir().to_path_buf()),
-        max_f32_lanes,
-        ..OpenOptions::default()
+        ..opts
     };
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
 }
@@ -80,7 +89,15 @@ fn check_model(name: &str, threads: usize, prefill_rows: Option<usize>) -> f32 {
 }
 
 fn check_model_with(name: &str, threads: usize, prefill_rows: Option<usize>, lanes: Option<usize>) -> f32 {
-    let mut session = open_with(name, threads, prefill_rows, lanes);
+    let session = open_with(name, threads, prefill_rows, lanes);
+    let what = format!(
+        "threads {threads}, prefill block {prefill_rows:?}, f32 lanes {}",
+        lanes.map_or("of the host".to_string(), |l| format!("<= {l}"))
+    );
+    check_session(name, session, &what)
+}
+
+fn check_session(name: &str, mut session: Session, what: &str) -> f32 {
     let mut worst = 0.0f32;
     for (i, case) in golden(name).cases.iter().enumerate() {
         let ids = session.tokenizer.encode(&case.prompt, true).expect("encode");
@@ -100,10 +117,7 @@ fn check_model_with(name: &str, threads: usize, prefill_rows: Option<usize>, lan
             "{name} case {i}: greedy continuation differs from transformers"
         );
     }
-    eprintln!(
-        "{name} (threads {threads}, prefill block {prefill_rows:?}, f32 lanes {}): max |logit diff| = {worst:e}",
-        lanes.map_or("of the host".to_string(), |l| format!("<= {l}"))
-    );
+    eprintln!("{name} ({what}): max |logit diff| = {worst:e}");
     worst
 }
 
@@ -123,6 +137,43 @@ fn narrower_vectors_match_transformers_too() {
             check_model_with(name, 2, None, Some(lanes));
         }
     }
+}
+
+#[test]
+fn avx2_level_code_matches_transformers_too() {
+    // Built for x86-64-v3 (AVX2 + FMA) rather than this CPU, the library is what an AVX2-only
+    // machine runs: 16 vector registers, no AVX-512 instructions, LLVM's own instruction
+    // selection for that level. Checked wherever the tests run on a CPU that has the level.
+    let host = kiln_spec::HostCpu::detect();
+    if let Err(why) = host.x86_level("x86-64-v3") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let asm = tempfile::tempdir().expect("asm dir");
+    for name in ["llama", "qwen2", "qwen3"] {
+        let session = open_opts(
+            name,
+            OpenOptions {
+                threads: Some(2),
+                target_cpu: Some("x86-64-v3".into()),
+                emit_asm: Some(asm.path().to_path_buf()),
+                ..OpenOptions::default()
+            },
+        );
+        check_session(name, session, "built for x86-64-v3");
+    }
+    let mut files = 0;
+    for entry in std::fs::read_dir(asm.path()).expect("asm written") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("asm readable");
+        assert!(
+            !text.contains("%zmm") && !text.contains("%k1"),
+            "{} uses AVX-512 registers in code built for x86-64-v3",
+            path.display()
+        );
+        files += 1;
+    }
+    assert!(files > 10, "expected the kernels' assembly, found {files} files");
 }
 
 #[test]

@@ -148,7 +148,7 @@ pub fn model_kernels(spec: &ModelSpec, options: &CompileOptions) -> Result<Vec<K
 pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
     let start = Instant::now();
     let kernels = req.kernels;
-    let host = HostTarget::detect();
+    let host = HostTarget::for_options(req.options);
     let objects_dir = req.out_dir.join(".objects");
     std::fs::create_dir_all(&objects_dir).map_err(io_err(&objects_dir))?;
     for dir in [req.emit_mlir, req.emit_asm].into_iter().flatten() {

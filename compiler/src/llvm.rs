@@ -161,6 +161,20 @@ impl HostTarget {
             features: take_message(features),
         }
     }
+
+    /// The host, or the x86-64 level `options.target_cpu` names (its features are those the
+    /// level's CPU name implies, none of the host's beyond them).
+    pub fn for_options(options: &kiln_spec::CompileOptions) -> HostTarget {
+        let host = Self::detect();
+        match &options.target_cpu {
+            Some(cpu) => HostTarget {
+                cpu: cpu.clone(),
+                features: String::new(),
+                ..host
+            },
+            None => host,
+        }
+    }
 }
 
 /// Output of generating code for one module.

@@ -75,6 +75,7 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
         let options = CompileOptions {
             prefill_rows: ROWS,
             f32_lanes: HostCpu::detect().f32_lanes(),
+            target_cpu: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let kernels = kernel_list(&spec, &options);
@@ -460,6 +461,7 @@ fn matmul_work_split_under_concurrency() {
     let options = CompileOptions {
         prefill_rows: ROWS,
         f32_lanes: lanes,
+        target_cpu: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let report = compile(&CompileRequest {

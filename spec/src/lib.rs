@@ -27,6 +27,10 @@ pub struct CompileOptions {
     pub prefill_rows: usize,
     /// f32 lanes of the vectors the kernels are written with (from [`HostCpu::f32_lanes`]).
     pub f32_lanes: usize,
+    /// Generate code for this x86-64 level ([`target::X86_LEVELS`]) instead of the host CPU.
+    /// Absent from the serialised options (and so from the cache key) when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cpu: Option<String>,
 }
 
 impl CompileOptions {
@@ -38,6 +42,7 @@ impl CompileOptions {
         CompileOptions {
             prefill_rows: Self::DEFAULT_PREFILL_ROWS,
             f32_lanes: cpu.f32_lanes(),
+            target_cpu: None,
         }
     }
 }

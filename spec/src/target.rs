@@ -81,6 +81,70 @@ impl HostCpu {
     }
 }
 
+/// An x86-64 micro-architecture level of the psABI (`x86-64-v2`, `-v3`, `-v4`), which LLVM
+/// accepts as a CPU name: a library may be built for one instead of the host CPU, so that a
+/// machine with AVX-512 can build, run and check exactly the code an AVX2-only machine (`v3`)
+/// gets, registers and instruction selection included, not only its vector width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct X86Level {
+    pub name: &'static str,
+    /// f32 lanes of the widest vectors the level has.
+    pub f32_lanes: usize,
+    /// `/proc/cpuinfo` flags the level adds to the one below it.
+    pub flags: &'static [&'static str],
+}
+
+/// The levels, lowest first; each includes the ones before it.
+pub const X86_LEVELS: [X86Level; 3] = [
+    X86Level {
+        name: "x86-64-v2",
+        f32_lanes: 4,
+        flags: &["cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"],
+    },
+    X86Level {
+        name: "x86-64-v3",
+        f32_lanes: 8,
+        flags: &["abm", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"],
+    },
+    X86Level {
+        name: "x86-64-v4",
+        f32_lanes: 16,
+        flags: &["avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"],
+    },
+];
+
+impl HostCpu {
+    /// The level named `name`, if this x86-64 CPU can run code built for it; otherwise an
+    /// error naming what is unknown or missing.
+    pub fn x86_level(&self, name: &str) -> Result<X86Level, String> {
+        let names: Vec<&str> = X86_LEVELS.iter().map(|l| l.name).collect();
+        let Some(at) = X86_LEVELS.iter().position(|l| l.name == name) else {
+            return Err(format!(
+                "unknown target CPU `{name}`: expected one of {}",
+                names.join(", ")
+            ));
+        };
+        if self.arch != "x86_64" {
+            return Err(format!(
+                "target CPU `{name}` is an x86-64 level; this machine is {}",
+                self.arch
+            ));
+        }
+        let missing: Vec<&str> = X86_LEVELS[..=at]
+            .iter()
+            .flat_map(|l| l.flags.iter().copied())
+            .filter(|f| !self.has(f))
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "this CPU cannot run code built for `{name}`: it lacks {}",
+                missing.join(", ")
+            ));
+        }
+        Ok(X86_LEVELS[at])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +166,19 @@ mod tests {
     fn avx512_doubles_the_lanes() {
         let cpu = HostCpu::from_cpuinfo("x86_64", "flags : avx2 fma avx512f\n");
         assert_eq!(cpu.f32_lanes(), 16);
+    }
+
+    #[test]
+    fn x86_levels_need_their_flags() {
+        let v3_flags = "flags : cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3 abm avx avx2 bmi1 bmi2 f16c fma movbe xsave\n";
+        let cpu = HostCpu::from_cpuinfo("x86_64", v3_flags);
+        assert_eq!(cpu.x86_level("x86-64-v3").unwrap().f32_lanes, 8);
+        assert_eq!(cpu.x86_level("x86-64-v2").unwrap().f32_lanes, 4);
+        let err = cpu.x86_level("x86-64-v4").unwrap_err();
+        assert!(err.contains("lacks avx512bw, avx512cd"), "{err}");
+        let err = cpu.x86_level("haswell").unwrap_err();
+        assert!(err.contains("unknown target CPU `haswell`"), "{err}");
+        let arm = HostCpu::from_cpuinfo("aarch64", "Features : fp asimd\n");
+        assert!(arm.x86_level("x86-64-v2").unwrap_err().contains("aarch64"));
     }
 }

@@ -105,6 +105,7 @@ impl Lib {
         let options = CompileOptions {
             prefill_rows: ROWS,
             f32_lanes: lanes,
+            target_cpu: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let report = compile(&CompileRequest {
@@ -395,6 +396,7 @@ fn model_kernels_accepts_quantised_matrices_only() {
     let options = CompileOptions {
         prefill_rows: ROWS,
         f32_lanes: 8,
+        target_cpu: None,
     };
     let mut s = super::spec(false, None);
     s.embed_dtype = DType::Q8_0;
@@ -466,6 +468,7 @@ fn quant_speed() {
     let options = CompileOptions {
         prefill_rows: rows,
         f32_lanes: lanes,
+        target_cpu: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
