@@ -211,7 +211,7 @@ fn emit_mlir_and_asm_show_the_baked_constants() {
     let mlir_files: Vec<_> = std::fs::read_dir(&mlir).unwrap().map(|e| e.unwrap().path()).collect();
     let asm_files: Vec<_> = std::fs::read_dir(&asm).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(mlir_files.len() >= 10 && mlir_files.len() == asm_files.len());
-    // The tied output head: vocabulary x hidden, in bf16, as a static shape.
+    // The tied output head (final norm folded in): vocabulary x hidden, in bf16, as a static shape.
     let head = mlir_files
         .iter()
         .find(|p| {
@@ -219,7 +219,7 @@ fn emit_mlir_and_asm_show_the_baked_constants() {
                 .unwrap()
                 .to_str()
                 .unwrap()
-                .starts_with("kiln_matmul_n1003_k64_bf16_decode")
+                .starts_with("kiln_matmul_n1003_k64_bf16_norm_decode")
         })
         .expect("the output-head kernel's MLIR");
     let text = std::fs::read_to_string(head).unwrap();

@@ -223,6 +223,7 @@ fn matmul_all_dtypes_prefill_and_decode() {
             wdtype,
             bias,
             accumulate,
+            norm,
             max_rows,
         } = *k
         else {
@@ -242,11 +243,22 @@ fn matmul_all_dtypes_prefill_and_decode() {
             if bias.is_some() {
                 ptrs.push(ptr(&mut bb));
             }
+            // A folded norm: the kernel multiplies by the RMSNorm of x, not x itself.
+            let (mut nb, nv) = weights(&mut rng, kk, norm.map_or(DType::F32, |nm| nm.wdtype));
+            if norm.is_some() {
+                ptrs.push(ptr(&mut nb));
+            }
+            let xs: Vec<f64> = match norm {
+                Some(nm) => (0..rows)
+                    .flat_map(|r| rms_normed(&x[r * kk..(r + 1) * kk], &nv, nm.eps.get()))
+                    .collect(),
+                None => x.iter().map(|&v| v as f64).collect(),
+            };
             c.call(k, &ptrs, rows, 0, nth);
             let mut want = Vec::new();
             for r in 0..rows {
                 for j in 0..n {
-                    let mut s: f64 = (0..kk).map(|i| x[r * kk + i] as f64 * wv[j * kk + i] as f64).sum();
+                    let mut s: f64 = (0..kk).map(|i| xs[r * kk + i] * wv[j * kk + i] as f64).sum();
                     if bias.is_some() {
                         s += bv[j] as f64;
                     }
@@ -268,25 +280,95 @@ fn matmul_all_dtypes_prefill_and_decode() {
     assert_eq!(seen.len(), 3, "bf16, f16 and f32 weights all exercised");
 }
 
+/// `w * (x / sqrt(mean(x^2) + eps))` in f64.
+fn rms_normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
+    let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    x.iter().zip(w).map(|(&v, &g)| g as f64 * (v as f64 * inv)).collect()
+}
+
+#[test]
+fn decode_gate_up_normalises_projects_and_activates() {
+    let c = compiled(false);
+    let mut rng = Rng(0x9a7e);
+    let gate_ups: Vec<Kernel> = c
+        .kernels
+        .iter()
+        .filter(|k| matches!(k, Kernel::GateUp { .. }))
+        .cloned()
+        .collect();
+    assert!(!gate_ups.is_empty(), "the decode graph uses gate_up kernels");
+    for k in &gate_ups {
+        let Kernel::GateUp {
+            n,
+            k: kk,
+            gate_dtype,
+            up_dtype,
+            norm: Some(nm),
+            ..
+        } = *k
+        else {
+            panic!("decode gate_up kernels fold the MLP norm: {k:?}")
+        };
+        for nth in [1, 2, 3] {
+            let mut x = rng.vec(kk);
+            let (mut wg, wgv) = weights(&mut rng, n * kk, gate_dtype);
+            let (mut wu, wuv) = weights(&mut rng, n * kk, up_dtype);
+            let (mut wn, wnv) = weights(&mut rng, kk, nm.wdtype);
+            let mut g = vec![f32::NAN; n];
+            let mut u = vec![f32::NAN; n];
+            let ptrs = [
+                ptr(&mut x),
+                ptr(&mut wg),
+                ptr(&mut g),
+                ptr(&mut wu),
+                ptr(&mut u),
+                ptr(&mut wn),
+            ];
+            c.call(k, &ptrs, 1, 0, nth);
+            let xn = rms_normed(&x, &wnv, nm.eps.get());
+            let want: Vec<f64> = (0..n)
+                .map(|j| {
+                    let dot = |w: &[f32]| (0..kk).map(|i| xn[i] * w[j * kk + i] as f64).sum::<f64>();
+                    let (gs, us) = (dot(&wgv), dot(&wuv));
+                    gs / (1.0 + (-gs).exp()) * us
+                })
+                .collect();
+            assert_close(&g, &want, 1e-5, &format!("{} on {nth} threads", k.symbol()));
+        }
+    }
+}
+
 #[test]
 fn rmsnorm_embed_and_silu() {
     let c = compiled(false);
     let mut rng = Rng(42);
+    // Decode has no norm or activation steps of its own (they are folded into its matmuls and
+    // `gate_up`, tested above), so those two are checked at the prefill block size only.
     for max_rows in [ROWS, 1] {
-        let k = c.find(|k| matches!(k, Kernel::RmsNorm { dim, wdtype: DType::BF16, max_rows: m, .. } if *dim == H && *m == max_rows));
         let rows = max_rows.min(5);
-        let mut x = rng.vec(max_rows * H);
-        let (mut wb, wv) = weights(&mut rng, H, DType::BF16);
-        let mut y = vec![0f32; max_rows * H];
-        c.call(&k, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y)], rows, 0, 2);
-        let mut want = Vec::new();
-        for r in 0..rows {
-            let row = &x[r * H..(r + 1) * H];
-            let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / H as f64;
-            let inv = 1.0 / (ms + 1e-6).sqrt();
-            want.extend(row.iter().zip(&wv).map(|(v, w)| *v as f64 * inv * *w as f64));
+        let folded = max_rows == 1;
+        assert_eq!(
+            folded,
+            !c.kernels
+                .iter()
+                .any(|k| matches!(k, Kernel::RmsNorm { max_rows: m, .. } | Kernel::SiluMul { max_rows: m, .. } if *m == max_rows))
+        );
+        if !folded {
+            let k = c.find(|k| matches!(k, Kernel::RmsNorm { dim, wdtype: DType::BF16, max_rows: m, .. } if *dim == H && *m == max_rows));
+            let mut x = rng.vec(max_rows * H);
+            let (mut wb, wv) = weights(&mut rng, H, DType::BF16);
+            let mut y = vec![0f32; max_rows * H];
+            c.call(&k, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y)], rows, 0, 2);
+            let mut want = Vec::new();
+            for r in 0..rows {
+                let row = &x[r * H..(r + 1) * H];
+                let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / H as f64;
+                let inv = 1.0 / (ms + 1e-6).sqrt();
+                want.extend(row.iter().zip(&wv).map(|(v, w)| *v as f64 * inv * *w as f64));
+            }
+            assert_close(&y[..rows * H], &want, 1e-5, "rmsnorm");
         }
-        assert_close(&y[..rows * H], &want, 1e-5, "rmsnorm");
 
         let k = c.find(|k| matches!(k, Kernel::Embed { max_rows: m, .. } if *m == max_rows));
         let mut tokens: Vec<i32> = (0..max_rows as i32).map(|i| (i * 37 + 5) % VOCAB as i32).collect();
@@ -298,6 +380,9 @@ fn rmsnorm_embed_and_silu() {
             assert_eq!(&out[r * H..(r + 1) * H], &tv[t * H..(t + 1) * H]);
         }
 
+        if folded {
+            continue;
+        }
         let k = c.find(|k| matches!(k, Kernel::SiluMul { max_rows: m, .. } if *m == max_rows));
         let mut g = rng.vec(max_rows * I).iter().map(|v| v * 6.0).collect::<Vec<_>>();
         let mut u = rng.vec(max_rows * I);
@@ -447,6 +532,7 @@ fn matmul_work_split_under_concurrency() {
             wdtype: DType::BF16,
             bias: None,
             accumulate: false,
+            norm: None,
             max_rows: 1,
         },
         Kernel::MatMul {
@@ -455,6 +541,7 @@ fn matmul_work_split_under_concurrency() {
             wdtype: DType::BF16,
             bias: Some(DType::F32),
             accumulate: true,
+            norm: None,
             max_rows: ROWS,
         },
     ];
@@ -484,6 +571,7 @@ fn matmul_work_split_under_concurrency() {
             k,
             bias,
             accumulate,
+            norm: None,
             max_rows,
             ..
         } = *kernel

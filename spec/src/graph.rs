@@ -5,7 +5,7 @@
 //! from the data each step reads and writes, so the runtime never has to guess which steps may
 //! overlap.
 
-use crate::kernel::{F32Bits, Kernel, QkNorm};
+use crate::kernel::{F32Bits, Kernel, QkNorm, RowNorm};
 use crate::model::ModelSpec;
 use crate::weights::{LayerWeight, WeightId};
 use std::collections::BTreeSet;
@@ -157,25 +157,39 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
         let d = &layer.dtypes;
         let w = |lw| Arg::Weight(WeightId::Layer(l, lw));
         let at = Some(l);
-        g.push(
-            Kernel::RmsNorm {
-                dim: h,
-                eps,
-                wdtype: d.attn_norm,
-                max_rows,
-            },
-            vec![Arg::Buf(Buf::X), w(LayerWeight::AttnNorm), Arg::Buf(Buf::Xn)],
-            at,
-        );
+        // Decode folds each RMSNorm into the matmuls that read it (every thread normalises the
+        // one row itself): two barriers and two steps fewer per layer. Prefill keeps the norm
+        // as a step, since there each thread would otherwise normalise every row of the block.
+        let fuse_norms = max_rows == 1;
+        let attn_norm = fuse_norms.then_some(RowNorm {
+            eps,
+            wdtype: d.attn_norm,
+        });
+        let input = if fuse_norms { Buf::X } else { Buf::Xn };
+        if !fuse_norms {
+            g.push(
+                Kernel::RmsNorm {
+                    dim: h,
+                    eps,
+                    wdtype: d.attn_norm,
+                    max_rows,
+                },
+                vec![Arg::Buf(Buf::X), w(LayerWeight::AttnNorm), Arg::Buf(Buf::Xn)],
+                at,
+            );
+        }
         let projections = [
             (LayerWeight::Q, LayerWeight::QBias, spec.q_dim(), d.q, d.q_bias, Buf::Q),
             (LayerWeight::K, LayerWeight::KBias, spec.kv_dim(), d.k, d.k_bias, Buf::K),
             (LayerWeight::V, LayerWeight::VBias, spec.kv_dim(), d.v, d.v_bias, Buf::V),
         ];
         for (lw, lb, n, wdtype, bias, out) in projections {
-            let mut args = vec![Arg::Buf(Buf::Xn), w(lw), Arg::Buf(out)];
+            let mut args = vec![Arg::Buf(input), w(lw), Arg::Buf(out)];
             if bias.is_some() {
                 args.push(w(lb));
+            }
+            if attn_norm.is_some() {
+                args.push(w(LayerWeight::AttnNorm));
             }
             g.push(
                 Kernel::MatMul {
@@ -184,6 +198,7 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
                     wdtype,
                     bias,
                     accumulate: false,
+                    norm: attn_norm,
                     max_rows,
                 },
                 args,
@@ -246,41 +261,68 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
                 wdtype: d.o,
                 bias: d.o_bias,
                 accumulate: true,
+                norm: None,
                 max_rows,
             },
             args,
             at,
         );
-        g.push(
-            Kernel::RmsNorm {
-                dim: h,
-                eps,
-                wdtype: d.mlp_norm,
-                max_rows,
-            },
-            vec![Arg::Buf(Buf::X), w(LayerWeight::MlpNorm), Arg::Buf(Buf::Xn)],
-            at,
-        );
         let i = spec.intermediate_size;
-        for (lw, wdtype, out) in [(LayerWeight::Gate, d.gate, Buf::Gate), (LayerWeight::Up, d.up, Buf::Up)] {
+        if fuse_norms {
             g.push(
-                Kernel::MatMul {
+                Kernel::GateUp {
                     n: i,
                     k: h,
-                    wdtype,
-                    bias: None,
-                    accumulate: false,
+                    gate_dtype: d.gate,
+                    up_dtype: d.up,
+                    norm: Some(RowNorm {
+                        eps,
+                        wdtype: d.mlp_norm,
+                    }),
                     max_rows,
                 },
-                vec![Arg::Buf(Buf::Xn), w(lw), Arg::Buf(out)],
+                vec![
+                    Arg::Buf(Buf::X),
+                    w(LayerWeight::Gate),
+                    Arg::Buf(Buf::Gate),
+                    w(LayerWeight::Up),
+                    Arg::Buf(Buf::Up),
+                    w(LayerWeight::MlpNorm),
+                ],
+                at,
+            );
+        } else {
+            g.push(
+                Kernel::RmsNorm {
+                    dim: h,
+                    eps,
+                    wdtype: d.mlp_norm,
+                    max_rows,
+                },
+                vec![Arg::Buf(Buf::X), w(LayerWeight::MlpNorm), Arg::Buf(Buf::Xn)],
+                at,
+            );
+            for (lw, wdtype, out) in [(LayerWeight::Gate, d.gate, Buf::Gate), (LayerWeight::Up, d.up, Buf::Up)] {
+                g.push(
+                    Kernel::MatMul {
+                        n: i,
+                        k: h,
+                        wdtype,
+                        bias: None,
+                        accumulate: false,
+                        norm: None,
+                        max_rows,
+                    },
+                    vec![Arg::Buf(Buf::Xn), w(lw), Arg::Buf(out)],
+                    at,
+                );
+            }
+            g.push(
+                Kernel::SiluMul { dim: i, max_rows },
+                vec![Arg::Buf(Buf::Gate), Arg::Buf(Buf::Up)],
                 at,
             );
         }
-        g.push(
-            Kernel::SiluMul { dim: i, max_rows },
-            vec![Arg::Buf(Buf::Gate), Arg::Buf(Buf::Up)],
-            at,
-        );
         g.push(
             Kernel::MatMul {
                 n: h,
@@ -288,6 +330,7 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
                 wdtype: d.down,
                 bias: None,
                 accumulate: true,
+                norm: None,
                 max_rows,
             },
             vec![Arg::Buf(Buf::Gate), w(LayerWeight::Down), Arg::Buf(Buf::X)],
@@ -303,25 +346,12 @@ pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
 pub fn head_graph(spec: &ModelSpec) -> Graph {
     let mut g = Graph::default();
     let h = spec.hidden_size;
-    g.push(
-        Kernel::RmsNorm {
-            dim: h,
-            eps: F32Bits::new(spec.rms_norm_eps),
-            wdtype: spec.final_norm_dtype,
-            max_rows: 1,
-        },
-        vec![
-            Arg::LastRow(Buf::X),
-            Arg::Weight(WeightId::FinalNorm),
-            Arg::Buf(Buf::Xn),
-        ],
-        None,
-    );
     let (head, dtype) = if spec.tie_word_embeddings {
         (WeightId::Embed, spec.embed_dtype)
     } else {
         (WeightId::LmHead, spec.lm_head_dtype)
     };
+    // The final norm is folded into the head matmul (each thread normalises the row itself).
     g.push(
         Kernel::MatMul {
             n: spec.vocab_size,
@@ -329,9 +359,18 @@ pub fn head_graph(spec: &ModelSpec) -> Graph {
             wdtype: dtype,
             bias: None,
             accumulate: false,
+            norm: Some(RowNorm {
+                eps: F32Bits::new(spec.rms_norm_eps),
+                wdtype: spec.final_norm_dtype,
+            }),
             max_rows: 1,
         },
-        vec![Arg::Buf(Buf::Xn), Arg::Weight(head), Arg::Buf(Buf::Logits)],
+        vec![
+            Arg::LastRow(Buf::X),
+            Arg::Weight(head),
+            Arg::Buf(Buf::Logits),
+            Arg::Weight(WeightId::FinalNorm),
+        ],
         None,
     );
     // The head always follows a block whose last step wrote X from other threads.

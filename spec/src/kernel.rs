@@ -30,6 +30,16 @@ pub struct QkNorm {
     pub eps: F32Bits,
 }
 
+/// The RMSNorm of a decode row folded into the matmul that consumes it: every thread
+/// normalises the row into its own stack buffer before its share of the weight rows, with the
+/// instructions of the [`Kernel::RmsNorm`] kernel (so the values are bitwise those prefill
+/// computes), and the barrier a separate norm step would need disappears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RowNorm {
+    pub eps: F32Bits,
+    pub wdtype: DType,
+}
+
 /// One kernel instance. `max_rows` is the static row capacity of the activation buffers it
 /// touches: the prefill block size, or 1 for the decode specialisation. The actual row count
 /// (`rows <= max_rows`) and the position of the first row (`pos`) are run-time arguments.
@@ -53,14 +63,31 @@ pub enum Kernel {
         max_rows: usize,
     },
     /// `y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n])`, or `y += ...` when `accumulate`
-    /// (the residual add fused into the epilogue).
-    /// Args: `x: f32[max_rows, k]`, `w: wdtype[n, k]`, `y: f32[max_rows, n]`, `bias: bdtype[n]`.
+    /// (the residual add fused into the epilogue). With `norm` (decode only), `x` is first
+    /// replaced by its RMSNorm with weight `norm_w`.
+    /// Args: `x: f32[max_rows, k]`, `w: wdtype[n, k]`, `y: f32[max_rows, n]`, then
+    /// `bias: bdtype[n]` if `bias`, then `norm_w: [k]` if `norm`.
     MatMul {
         n: usize,
         k: usize,
         wdtype: DType,
         bias: Option<DType>,
         accumulate: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        norm: Option<RowNorm>,
+        max_rows: usize,
+    },
+    /// Decode's whole MLP input side in one step: `g = x @ w_gate^T`, `u = x @ w_up^T`, then
+    /// `g = silu(g) * u`, each thread finishing the outputs it computed (no barrier between
+    /// the projections and the activation), with `norm` as in [`Kernel::MatMul`].
+    /// Args: `x: f32[1, k]`, `w_gate: gate_dtype[n, k]`, `g: f32[1, n]`, `w_up: up_dtype[n, k]`,
+    /// `u: f32[1, n]`, then `norm_w: [k]` if `norm`.
+    GateUp {
+        n: usize,
+        k: usize,
+        gate_dtype: DType,
+        up_dtype: DType,
+        norm: Option<RowNorm>,
         max_rows: usize,
     },
     /// For each row `r` at absolute position `pos + r`: optional per-head RMSNorm of q and k,
@@ -112,6 +139,7 @@ impl Kernel {
             Kernel::Embed { .. } => "embed",
             Kernel::RmsNorm { .. } => "rmsnorm",
             Kernel::MatMul { .. } => "matmul",
+            Kernel::GateUp { .. } => "gate_up",
             Kernel::RopeKv { .. } => "rope_kv",
             Kernel::Attention { .. } => "attention",
             Kernel::SiluMul { .. } => "silu_mul",
@@ -125,6 +153,7 @@ impl Kernel {
             Kernel::Embed { max_rows, .. }
             | Kernel::RmsNorm { max_rows, .. }
             | Kernel::MatMul { max_rows, .. }
+            | Kernel::GateUp { max_rows, .. }
             | Kernel::RopeKv { max_rows, .. }
             | Kernel::Attention { max_rows, .. }
             | Kernel::SiluMul { max_rows, .. } => *max_rows,
@@ -136,7 +165,8 @@ impl Kernel {
     pub fn arg_count(&self) -> usize {
         match self {
             Kernel::Embed { .. } | Kernel::RmsNorm { .. } => 3,
-            Kernel::MatMul { bias, .. } => 3 + bias.is_some() as usize,
+            Kernel::MatMul { bias, norm, .. } => 3 + bias.is_some() as usize + norm.is_some() as usize,
+            Kernel::GateUp { norm, .. } => 5 + norm.is_some() as usize,
             Kernel::RopeKv { qk_norm, .. } => 5 + 2 * qk_norm.is_some() as usize,
             Kernel::Attention { .. } => 4,
             Kernel::SiluMul { .. } | Kernel::ProbeRead { .. } => 2,
@@ -149,6 +179,7 @@ impl Kernel {
     pub fn written_args(&self) -> &'static [usize] {
         match self {
             Kernel::Embed { .. } | Kernel::RmsNorm { .. } | Kernel::MatMul { .. } => &[2],
+            Kernel::GateUp { .. } => &[2, 4],
             Kernel::RopeKv { .. } => &[0, 1, 3, 4],
             Kernel::Attention { .. } => &[3],
             Kernel::SiluMul { .. } | Kernel::ProbeFma { .. } => &[0],
@@ -170,10 +201,26 @@ impl Kernel {
                 wdtype,
                 bias,
                 accumulate,
+                norm,
                 ..
             } => {
                 let out = if *accumulate { 2 } else { 1 };
-                n * wdtype.bytes_for(*k) + bias.map_or(0, |d| d.bytes_for(*n)) + rows * (k + out * n) * f
+                n * wdtype.bytes_for(*k)
+                    + bias.map_or(0, |d| d.bytes_for(*n))
+                    + norm.map_or(0, |nm| nm.wdtype.bytes_for(*k))
+                    + rows * (k + out * n) * f
+            }
+            Kernel::GateUp {
+                n,
+                k,
+                gate_dtype,
+                up_dtype,
+                norm,
+                ..
+            } => {
+                n * (gate_dtype.bytes_for(*k) + up_dtype.bytes_for(*k))
+                    + norm.map_or(0, |nm| nm.wdtype.bytes_for(*k))
+                    + rows * (k + 3 * n) * f
             }
             Kernel::RopeKv {
                 heads,
@@ -204,6 +251,7 @@ impl Kernel {
     pub fn flops(&self, rows: usize, pos: usize) -> u64 {
         let b = match self {
             Kernel::MatMul { n, k, .. } => 2 * rows * n * k,
+            Kernel::GateUp { n, k, .. } => 4 * rows * n * k,
             Kernel::Attention {
                 heads,
                 head_dim,
@@ -237,11 +285,24 @@ impl Kernel {
                 wdtype,
                 bias,
                 accumulate,
+                norm,
                 ..
             } => format!(
-                "n{n}_k{k}_{wdtype}{}{}",
+                "n{n}_k{k}_{wdtype}{}{}{}",
                 if bias.is_some() { "_bias" } else { "" },
-                if *accumulate { "_acc" } else { "" }
+                if *accumulate { "_acc" } else { "" },
+                if norm.is_some() { "_norm" } else { "" }
+            ),
+            Kernel::GateUp {
+                n,
+                k,
+                gate_dtype,
+                up_dtype,
+                norm,
+                ..
+            } => format!(
+                "n{n}_k{k}_{gate_dtype}_{up_dtype}{}",
+                if norm.is_some() { "_norm" } else { "" }
             ),
             Kernel::RopeKv {
                 heads,

@@ -12,7 +12,7 @@ pub mod target;
 pub mod weights;
 
 pub use dtype::DType;
-pub use kernel::Kernel;
+pub use kernel::{Kernel, RowNorm};
 pub use model::{Arch, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
 pub use target::HostCpu;
 pub use weights::{LayerWeight, WeightId};

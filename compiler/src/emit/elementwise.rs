@@ -59,10 +59,22 @@ pub fn emit_silu_mul<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d:
     } else {
         b.f32_splat(1.0, lanes)
     };
-    b.for_each(start, end, step, |b, i| {
-        let gv = b.load_f32(g, &[i], lanes);
-        let uv = b.load_f32(u, &[i], lanes);
-        let silu = b.divf(gv, b.addf(one_v, b.exp(b.negf(gv))));
-        b.store(b.mulf(silu, uv), g, &[i]);
-    });
+    b.for_each(start, end, step, |b, i| silu_mul_at(b, g, u, &[i], lanes, one_v));
+}
+
+/// `g[idx..+lanes] = silu(g) * u` for one vector: the arithmetic of [`emit_silu_mul`], shared
+/// with the decode `gate_up` kernel so both regimes produce the same bits. `one` is 1.0 splat
+/// to `lanes`.
+pub fn silu_mul_at<'c>(
+    b: Kb<'c, '_>,
+    g: Value<'c, '_>,
+    u: Value<'c, '_>,
+    idx: &[Value<'c, '_>],
+    lanes: usize,
+    one: Value<'c, '_>,
+) {
+    let gv = b.load_f32(g, idx, lanes);
+    let uv = b.load_f32(u, idx, lanes);
+    let silu = b.divf(gv, b.addf(one, b.exp(b.negf(gv))));
+    b.store(b.mulf(silu, uv), g, idx);
 }

@@ -9,11 +9,11 @@
 //! whose size is therefore a constant.
 //!
 //! * Decode (`max_rows = 1`) is a pure weight stream. Each thread walks its contiguous range
-//!   of rows one row at a time, so the matrix is read in address order as one long stream (the
-//!   pattern hardware prefetchers follow best; interleaving several short rows restarts their
-//!   streams every row). One vector accumulator per row and the same lane-summing tree as
-//!   prefill make every output bitwise identical between decode and prefill: the single FMA
-//!   chain still allows ~8 bytes of bf16 weights per cycle per core, above what memory delivers.
+//!   of rows a few adjacent rows at a time (two 512-bit or four 256-bit FMA chains, see
+//!   [`decode_float_rows`]), so the matrix is read nearly in address order, with software
+//!   prefetches ahead of the stream ([`decode_prefetches`]). One vector accumulator per row
+//!   and the same lane-summing tree as prefill make every output bitwise identical between
+//!   decode and prefill.
 //! * Prefill is compute-bound: each block of `nb` weight rows is widened to f32 once into a
 //!   stack scratch (a chunk of `k` at a time, sized for L1) and reused by every row tile, so
 //!   the inner loop is only loads and FMAs.
@@ -23,9 +23,9 @@
 //!   scratch (in chunks of `k` with the accumulators parked in a stack buffer when a row is too
 //!   long), so decode and prefill still perform the same FMAs in the same order.
 
-use super::{Dyn, quant, split_work};
+use super::{Dyn, norm, quant, split_work};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::{DType, Kernel};
+use kiln_spec::{DType, Kernel, RowNorm};
 use melior::ir::Value;
 
 /// Largest prefill weight scratch (`nb * chunk * 4` bytes): a block's weight rows are widened
@@ -38,7 +38,7 @@ const PREFILL_CHUNK_BYTES: usize = 16 << 10;
 /// Weight rows a decode thread walks together over quantised weights (one FMA chain each):
 /// enough independent chains to hide the FMA latency behind the dequantisation work, few enough
 /// that a super-block's 16 activation vectors and the dequantised values stay in registers.
-fn decode_quant_rows(dtype: DType) -> usize {
+pub(super) fn decode_quant_rows(dtype: DType) -> usize {
     if let Some(r) = exp_var("KILN_EXP_ROWS") {
         return r;
     }
@@ -49,7 +49,7 @@ fn decode_quant_rows(dtype: DType) -> usize {
 /// 512-bit chains (four 256-bit ones) keep more weight bytes in flight per cycle than memory
 /// delivers to one core, whatever the FMA latency; more rows would split the thread's stream
 /// into more short streams without reading any faster.
-fn decode_float_rows(lanes: usize) -> usize {
+pub(super) fn decode_float_rows(lanes: usize) -> usize {
     exp_var("KILN_EXP_FROWS").unwrap_or((32 / lanes).max(1))
 }
 
@@ -83,11 +83,12 @@ fn decode_prefetches() -> [Prefetch; 2] {
     ]
 }
 
-/// Smallest chunk of weights a decode thread claims from the work counter. Small chunks even
-/// out the threads' finishing times but restart the thread's stream (and its far prefetch,
-/// which never crosses into rows another thread may have claimed) at every claim; 256 KiB
-/// measured best on the 0.5B shape, leaving a few claims per matrix.
-const DECODE_MIN_CHUNK_BYTES: usize = 256 << 10;
+/// Smallest chunk of weights a decode thread claims from the work counter (claims shrink
+/// towards it, see [`split_work`]). Short chunks even out the threads' finishing times but
+/// restart the thread's stream (and its far prefetch, which never crosses into rows another
+/// thread may have claimed); 32, 64 and 96 KiB measured alike on the 0.5B shape and the 135M
+/// Q4_1 demo, all well ahead of fixed 256 KiB chunks.
+const DECODE_MIN_CHUNK_BYTES: usize = 64 << 10;
 
 /// Tuning overrides for the compiler's own sweep tests (`tests::quant::decode_sweep`); libraries
 /// built outside tests never read the environment, so cache keys stay complete.
@@ -135,13 +136,52 @@ enum WeightSrc<'c, 'a> {
     Scratch(Value<'c, 'a>),
 }
 
-struct MatMul<'c, 'a> {
+pub(super) struct MatMul<'c, 'a> {
+    pub(super) k: usize,
+    pub(super) lanes: usize,
+    pub(super) x: Value<'c, 'a>,
+    pub(super) y: Value<'c, 'a>,
+    pub(super) bias: Option<(Value<'c, 'a>, DType)>,
+    pub(super) accumulate: bool,
+}
+
+/// The decode row normalised by a folded [`RowNorm`] into a stack buffer of this thread's
+/// (`memref<1 x k x f32>`), with the [`Kernel::RmsNorm`] kernel's own instructions.
+pub(super) fn normalised_row<'c, 'a>(
+    b: Kb<'c, 'a>,
+    x: Value<'c, '_>,
+    norm_w: Value<'c, '_>,
+    norm: RowNorm,
     k: usize,
-    lanes: usize,
-    x: Value<'c, 'a>,
-    y: Value<'c, 'a>,
-    bias: Option<(Value<'c, 'a>, DType)>,
-    accumulate: bool,
+    max_lanes: usize,
+) -> Value<'c, 'a> {
+    let ty = b.ty(&format!("memref<1x{k}xf32>"));
+    let buf = b.op(
+        "memref.alloca",
+        &[],
+        &[ty],
+        &[
+            ("alignment", b.attr("64 : i64")),
+            ("operandSegmentSizes", b.attr("array<i32: 0, 0>")),
+        ],
+    )[0];
+    let zero = b.idx(0);
+    let inv = norm::inv_rms(b, x, zero, zero, k, norm.eps.get(), max_lanes);
+    norm::scale_row(
+        b,
+        x,
+        zero,
+        zero,
+        norm_w,
+        norm.wdtype,
+        inv,
+        buf,
+        zero,
+        zero,
+        k,
+        max_lanes,
+    );
+    buf
 }
 
 pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
@@ -151,15 +191,23 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         wdtype,
         bias,
         accumulate,
+        norm,
         max_rows,
     } = kernel
     else {
         unreachable!()
     };
+    let x = match norm {
+        Some(nm) => {
+            assert_eq!(*max_rows, 1, "norms are folded into decode matmuls only");
+            normalised_row(b, p[0], p[3 + bias.is_some() as usize], *nm, *k, max_lanes)
+        }
+        None => p[0],
+    };
     let m = MatMul {
         k: *k,
         lanes: lanes_for(*k, max_lanes),
-        x: p[0],
+        x,
         y: p[2],
         bias: bias.map(|dt| (p[3], dt)),
         accumulate: *accumulate,
@@ -333,39 +381,77 @@ fn widen_rows<'c>(
     });
 }
 
+/// Splits `n` decode rows between threads (see [`split_work`]) in shares of whole `align` rows
+/// (a multiple of `group`), dynamic chunks at least [`DECODE_MIN_CHUNK_BYTES`] of `row_bytes`
+/// rows long. `rows_at(b, col0, rows, end)` emits one group (`rows < group` only for the
+/// `n % group` rows at the end) of the share ending at row `end`; `after(b, start, end)` runs
+/// once a share's rows are all done.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_split<'c, F, G>(
+    b: Kb<'c, '_>,
+    d: Dyn<'c, '_>,
+    n: usize,
+    align: usize,
+    group: usize,
+    row_bytes: usize,
+    rows_at: F,
+    after: G,
+) where
+    F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, usize, Value<'c, 'x>),
+    G: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, Value<'c, 'x>),
+{
+    debug_assert!(align.is_multiple_of(group));
+    let min_chunk = exp_var("KILN_EXP_MINCHUNK")
+        .unwrap_or(DECODE_MIN_CHUNK_BYTES)
+        .div_ceil(row_bytes);
+    // Shares are whole groups, so only the range ending at `n` has `n % group` rows left.
+    let rem = n % group;
+    split_work(b, d, n, align, min_chunk, |b, start, end| {
+        let g_c = b.idx(group);
+        let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
+        b.for_each(start, full_end, g_c, |b, col| rows_at(b, col, group, end));
+        if rem > 0 {
+            let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
+            b.if_then(has_rem, |b| rows_at(b, full_end, rem, end));
+        }
+        after(b, start, end);
+    });
+}
+
 impl<'c, 'a> MatMul<'c, 'a> {
     /// Decode: each thread walks its rows a few at a time (see [`decode_float_rows`]), one
     /// accumulator per row and the prefill's lane-summing tree, so every output is bitwise
     /// the one prefill computes; weights are prefetched as [`decode_prefetches`] says.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let group = decode_float_rows(self.lanes).min(n);
-        self.decode_split(b, d, n, group, dtype.bytes_for(self.k), |b, col, rows, end| {
-            self.float_rows(b, w, dtype, col, rows, end)
-        });
+        decode_split(
+            b,
+            d,
+            n,
+            group,
+            group,
+            dtype.bytes_for(self.k),
+            |b, col, rows, end| self.float_rows(b, w, dtype, col, rows, end),
+            |_, _, _| {},
+        );
     }
 
-    /// Splits the decode rows between threads (see [`split_work`]) in groups of `group` rows,
-    /// dynamic chunks at least [`DECODE_MIN_CHUNK_BYTES`] long; `rows_at(b, col0, rows, end)` emits
-    /// one group (`rows < group` only for the `n % group` rows at the end) of the range ending
-    /// at row `end`.
-    fn decode_split<F>(&self, b: Kb<'c, '_>, d: Dyn<'c, '_>, n: usize, group: usize, row_bytes: usize, rows_at: F)
-    where
-        F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, usize, Value<'c, 'x>),
-    {
-        let min_chunk = exp_var("KILN_EXP_MINCHUNK")
-            .unwrap_or(DECODE_MIN_CHUNK_BYTES)
-            .div_ceil(row_bytes);
-        // Shares are whole groups, so only the range ending at `n` has `n % group` rows left.
-        let rem = n % group;
-        split_work(b, d, n, group, min_chunk, |b, start, end| {
-            let g_c = b.idx(group);
-            let full_end = b.addi(start, b.muli(b.divui(b.subi(end, start), g_c), g_c));
-            b.for_each(start, full_end, g_c, |b, col| rows_at(b, col, group, end));
-            if rem > 0 {
-                let has_rem = b.cmpi(crate::ir::Cmp::Ult, full_end, end);
-                b.if_then(has_rem, |b| rows_at(b, full_end, rem, end));
-            }
-        });
+    /// Decode outputs `col0..col0 + rows` (of the range ending at row `end`) from weights `w`
+    /// stored as `dtype`, float or quantised.
+    pub(super) fn decode_rows(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        col0: Value<'c, '_>,
+        rows: usize,
+        end: Value<'c, '_>,
+    ) {
+        if dtype.is_quantized() {
+            self.quant_rows(b, w, dtype, col0, rows, end)
+        } else {
+            self.float_rows(b, w, dtype, col0, rows, end)
+        }
     }
 
     /// Outputs `col0..col0 + rows` of the decode row from float weights, one FMA chain each,
@@ -422,9 +508,16 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// independent FMA chains to overlap with the dequantisation work.
     fn decode_quant(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let group = decode_quant_rows(dtype).min(n);
-        self.decode_split(b, d, n, group, dtype.bytes_for(self.k), |b, col, rows, end| {
-            self.quant_rows(b, w, dtype, col, rows, end)
-        });
+        decode_split(
+            b,
+            d,
+            n,
+            group,
+            group,
+            dtype.bytes_for(self.k),
+            |b, col, rows, end| self.quant_rows(b, w, dtype, col, rows, end),
+            |_, _, _| {},
+        );
     }
 
     /// Outputs `col0..col0 + rows` of the decode row from quantised weights, prefetching each

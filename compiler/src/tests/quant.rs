@@ -190,6 +190,7 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                     wdtype: dtype,
                     bias,
                     accumulate,
+                    norm: None,
                     max_rows,
                 });
             }
@@ -310,6 +311,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     wdtype: dtype,
                     bias: bias_t,
                     accumulate,
+                    norm: None,
                     max_rows: ROWS,
                 };
                 let decode = Kernel::MatMul {
@@ -318,6 +320,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     wdtype: dtype,
                     bias: bias_t,
                     accumulate,
+                    norm: None,
                     max_rows: 1,
                 };
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
@@ -461,6 +464,7 @@ fn quant_speed() {
                 wdtype,
                 bias: None,
                 accumulate: false,
+                norm: None,
                 max_rows,
             })
         })
@@ -508,6 +512,7 @@ fn quant_speed() {
                 wdtype: dtype,
                 bias: None,
                 accumulate: false,
+                norm: None,
                 max_rows,
             };
             let mut x = rng.vec(max_rows * k);
@@ -576,6 +581,7 @@ fn decode_sweep() {
         wdtype: dtype,
         bias: None,
         accumulate: false,
+        norm: None,
         max_rows: 1,
     };
     let probe = Kernel::ProbeRead {

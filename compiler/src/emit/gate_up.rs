@@ -1,0 +1,93 @@
+//! Decode's MLP input side as one kernel: the RMSNorm of the row, the gate and up projections
+//! and `silu(gate) * up`, with no barrier in between.
+//!
+//! Separately these are four steps and three barriers per layer, each barrier costing the
+//! threads' finishing-time spread on a step that is mostly waiting for memory. Here every
+//! thread normalises the row itself (it is a few KiB, already in cache), then walks its share
+//! of output rows `j`, reading row `j` of the gate matrix and row `j` of the up matrix in
+//! alternation (two weight streams, each prefetched as the decode matmul prefetches its
+//! one), and once a share is complete applies the activation to it from L1. Each projection
+//! output is the decode matmul's FMA chain and the activation is [`silu_mul_at`], so the
+//! values are bitwise those of the unfused prefill steps.
+
+use super::Dyn;
+use super::elementwise::silu_mul_at;
+use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_row};
+use crate::ir::{Kb, lanes_for};
+use kiln_spec::Kernel;
+use melior::ir::Value;
+
+pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
+    let Kernel::GateUp {
+        n,
+        k,
+        gate_dtype,
+        up_dtype,
+        norm,
+        max_rows,
+    } = kernel
+    else {
+        unreachable!()
+    };
+    assert_eq!(*max_rows, 1, "gate_up is a decode kernel");
+    let (n, k) = (*n, *k);
+    let x = match norm {
+        Some(nm) => normalised_row(b, p[0], p[5], *nm, k, max_lanes),
+        None => p[0],
+    };
+    let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
+    let projection = |y| MatMul {
+        k,
+        lanes: lanes_for(k, max_lanes),
+        x,
+        y,
+        bias: None,
+        accumulate: false,
+    };
+    let (gate_mm, up_mm) = (projection(gate), projection(up));
+    let lanes = lanes_for(k, max_lanes);
+    // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
+    // chains split over the two matrices (one row of each with AVX-512) keep as many bytes in
+    // flight. Quantised ones are bound by the dequantisation work, whose latency the decode
+    // matmul hides with its full group of chains per matrix (halving it cost 7 % on Q4_1).
+    let group = if gate_dtype.is_quantized() {
+        decode_quant_rows(*gate_dtype)
+    } else {
+        (decode_float_rows(lanes) / 2).max(1)
+    }
+    .min(n);
+    // Shares start on whole activation vectors, so the activation runs on full vectors only.
+    let act_lanes = lanes_for(n, max_lanes);
+    let align = lcm(group, act_lanes);
+    let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
+    let one = if act_lanes == 1 {
+        b.f32c(1.0)
+    } else {
+        b.f32_splat(1.0, act_lanes)
+    };
+    decode_split(
+        b,
+        d,
+        n,
+        align,
+        group,
+        row_bytes,
+        |b, col, rows, end| {
+            gate_mm.decode_rows(b, w_gate, *gate_dtype, col, rows, end);
+            up_mm.decode_rows(b, w_up, *up_dtype, col, rows, end);
+        },
+        |b, start, end| {
+            let zero = b.idx(0);
+            b.for_each(start, end, b.idx(act_lanes), |b, i| {
+                silu_mul_at(b, gate, up, &[zero, i], act_lanes, one)
+            });
+        },
+    );
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b) * b
+}
