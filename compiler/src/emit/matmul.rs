@@ -214,9 +214,6 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     };
     let w = p[1];
     if *max_rows == 1 {
-        if wdtype.is_quantized() {
-            return m.decode_quant(b, w, *wdtype, *n, d);
-        }
         return m.decode(b, w, *wdtype, *n, d);
     }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };
@@ -419,11 +416,20 @@ pub(super) fn decode_split<'c, F, G>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// Decode: each thread walks its rows a few at a time (see [`decode_float_rows`]), one
-    /// accumulator per row and the prefill's lane-summing tree, so every output is bitwise
-    /// the one prefill computes; weights are prefetched as [`decode_prefetches`] says.
+    /// Decode: each thread walks its rows a few at a time ([`decode_float_rows`],
+    /// [`decode_quant_rows`]), one accumulator per row and the prefill's lane-summing tree, so
+    /// every output is bitwise the one prefill computes; weights are prefetched as
+    /// [`decode_prefetches`] says. Quantised rows are read block by block in address order,
+    /// each block dequantised into vectors in k order and folded into its row's accumulator
+    /// (prefill dequantises the same values into its scratch); interleaving a few rows gives
+    /// the core independent FMA chains to overlap with the dequantisation work.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
-        let group = decode_float_rows(self.lanes).min(n);
+        let group = if dtype.is_quantized() {
+            decode_quant_rows(dtype)
+        } else {
+            decode_float_rows(self.lanes)
+        }
+        .min(n);
         decode_split(
             b,
             d,
@@ -431,7 +437,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             group,
             group,
             dtype.bytes_for(self.k),
-            |b, col, rows, end| self.float_rows(b, w, dtype, col, rows, end),
+            |b, col, rows, end| self.decode_rows(b, w, dtype, col, rows, end),
             |_, _, _| {},
         );
     }
@@ -498,26 +504,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
         for (&s, &col) in sums.iter().zip(&cols) {
             self.finish(b, s, row, col);
         }
-    }
-
-    /// Decode over quantised weights: each thread walks its rows a few at a time,
-    /// block by block in address order; every block is dequantised into vectors in k order and
-    /// folded into that row's single accumulator with the activation vectors, so each output
-    /// is the same chain of FMAs as in prefill (which dequantises the same values into its
-    /// scratch) and the two agree bit for bit. Interleaving a few rows gives the core
-    /// independent FMA chains to overlap with the dequantisation work.
-    fn decode_quant(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
-        let group = decode_quant_rows(dtype).min(n);
-        decode_split(
-            b,
-            d,
-            n,
-            group,
-            group,
-            dtype.bytes_for(self.k),
-            |b, col, rows, end| self.quant_rows(b, w, dtype, col, rows, end),
-            |_, _, _| {},
-        );
     }
 
     /// Outputs `col0..col0 + rows` of the decode row from quantised weights, prefetching each
