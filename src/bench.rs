@@ -2,7 +2,7 @@
 //! machine's probed ceilings; and the `KILN_PROFILE=1` per-kernel profile file.
 
 use crate::commands::{human_bytes, load_probe, probe_library};
-use crate::session::{OpenOptions, PreparedModel, Session};
+use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
 use kiln_runtime::probe::{ReadProbe, load_average};
 use kiln_runtime::sampler::argmax;
@@ -12,14 +12,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub struct BenchArgs {
-    pub dequantize: Option<kiln_spec::DType>,
-    pub target_cpu: Option<String>,
+    /// Threads, prefill block, dequantisation and target CPU.
+    pub build: BuildChoices,
     pub model: PathBuf,
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
     pub reps: usize,
-    pub threads: Option<usize>,
-    pub prefill_block: Option<usize>,
     pub json: bool,
     /// Only print the synthetic prompt's token ids (for peers measured on the same ids).
     pub print_prompt: bool,
@@ -55,12 +53,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         bail!("--prompt-tokens, --gen-tokens and --reps must be at least 1");
     }
     let opts = OpenOptions {
-        threads: args.threads,
-        prefill_rows: args.prefill_block,
         progress: !args.json,
-        dequantize: args.dequantize,
-        target_cpu: args.target_cpu.clone(),
-        ..OpenOptions::default()
+        ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
     let prompt = synthetic_prompt(

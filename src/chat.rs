@@ -13,7 +13,7 @@
 //! one JSON object on stdout (a transcript for scripts and tests); otherwise replies stream to
 //! stdout and notes go to stderr.
 
-use crate::session::{OpenOptions, PreparedModel, Session};
+use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Context as _, Result, anyhow};
 use kiln_runtime::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
 use kiln_runtime::engine::{Engine, EngineError};
@@ -196,8 +196,8 @@ impl ReplyPrinter {
 
 /// What `kiln chat` was asked for.
 pub struct ChatArgs {
-    pub dequantize: Option<kiln_spec::DType>,
-    pub target_cpu: Option<String>,
+    /// Threads, prefill block, dequantisation and target CPU.
+    pub build: BuildChoices,
     pub model: PathBuf,
     pub system: Option<String>,
     pub think: bool,
@@ -205,8 +205,6 @@ pub struct ChatArgs {
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
-    pub threads: Option<usize>,
-    pub prefill_block: Option<usize>,
     pub ctx: Option<usize>,
     pub json: bool,
     pub stats: bool,
@@ -219,13 +217,9 @@ pub struct ChatArgs {
 pub fn chat(args: &ChatArgs) -> Result<()> {
     args.sampling.validate()?;
     let opts = OpenOptions {
-        threads: args.threads,
         ctx: args.ctx,
-        prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
-        dequantize: args.dequantize,
-        target_cpu: args.target_cpu.clone(),
-        ..OpenOptions::default()
+        ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
     let template = load_template(

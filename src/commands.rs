@@ -2,7 +2,9 @@
 //! here; engine logic does not.
 
 use crate::chat;
-use crate::session::{self, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache};
+use crate::session::{
+    self, BuildChoices, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache,
+};
 use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
 use kiln_runtime::chat_template::RenderOptions;
@@ -16,27 +18,21 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub struct CompileArgs {
-    pub dequantize: Option<kiln_spec::DType>,
-    pub target_cpu: Option<String>,
+    /// Threads, prefill block, dequantisation and target CPU.
+    pub build: BuildChoices,
     pub model: PathBuf,
     pub emit_mlir: Option<PathBuf>,
     pub emit_asm: Option<PathBuf>,
-    pub threads: Option<usize>,
-    pub prefill_block: Option<usize>,
     pub json: bool,
 }
 
 pub fn compile(args: &CompileArgs) -> Result<()> {
     let t0 = Instant::now();
     let opts = OpenOptions {
-        prefill_rows: args.prefill_block,
         emit_mlir: args.emit_mlir.clone(),
         emit_asm: args.emit_asm.clone(),
-        threads: args.threads,
         progress: !args.json,
-        dequantize: args.dequantize,
-        target_cpu: args.target_cpu.clone(),
-        ..OpenOptions::default()
+        ..args.build.open_options()
     };
     let loaded = PreparedModel::open(&args.model, &opts)?;
     let host = HostCpu::detect();
@@ -79,8 +75,8 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
 }
 
 pub struct RunArgs {
-    pub dequantize: Option<kiln_spec::DType>,
-    pub target_cpu: Option<String>,
+    /// Threads, prefill block, dequantisation and target CPU.
+    pub build: BuildChoices,
     pub model: PathBuf,
     pub prompt: String,
     /// Send the prompt as one user turn through the chat template.
@@ -94,8 +90,6 @@ pub struct RunArgs {
     pub sampling: SamplingParams,
     /// Stop strings (not printed).
     pub stop: Vec<String>,
-    pub threads: Option<usize>,
-    pub prefill_block: Option<usize>,
     pub ctx: Option<usize>,
     pub show_special: bool,
     pub ignore_eos: bool,
@@ -107,13 +101,9 @@ pub struct RunArgs {
 pub fn run(args: &RunArgs) -> Result<()> {
     args.sampling.validate()?;
     let opts = OpenOptions {
-        threads: args.threads,
         ctx: args.ctx,
-        prefill_rows: args.prefill_block,
         progress: !args.json && !args.quiet,
-        dequantize: args.dequantize,
-        target_cpu: args.target_cpu.clone(),
-        ..OpenOptions::default()
+        ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
     // With --chat: the rendered prompt, and whether it leaves the reply inside a <think> block.
@@ -228,19 +218,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn info(
-    path: &Path,
-    prefill_block: Option<usize>,
-    dequantize: Option<kiln_spec::DType>,
-    target_cpu: Option<String>,
-    as_json: bool,
-) -> Result<()> {
+pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
     let opts = OpenOptions {
-        dequantize,
-        prefill_rows: prefill_block,
-        target_cpu,
         progress: !as_json,
-        ..OpenOptions::default()
+        ..build.open_options()
     };
     let loaded = PreparedModel::open(path, &opts)?;
     let spec = &loaded.spec;
@@ -513,22 +494,14 @@ pub struct DebugArgs {
     pub ids: Option<Vec<u32>>,
     pub chat: bool,
     pub all_tokens: bool,
-    pub threads: Option<usize>,
-    pub prefill_block: Option<usize>,
-    pub dequantize: Option<kiln_spec::DType>,
-    pub target_cpu: Option<String>,
+    /// Threads, prefill block, dequantisation and target CPU.
+    pub build: BuildChoices,
 }
 
 /// `kiln debug`: one JSON object with the prompt's token ids, the residual stream after the
 /// embedding and after each layer (last token, or every token), and the last logits.
 pub fn debug_layers(args: &DebugArgs) -> Result<()> {
-    let opts = OpenOptions {
-        threads: args.threads,
-        prefill_rows: args.prefill_block,
-        dequantize: args.dequantize,
-        target_cpu: args.target_cpu.clone(),
-        ..OpenOptions::default()
-    };
+    let opts = args.build.open_options();
     let prepared = PreparedModel::open(&args.model, &opts)?;
     let prompt = args.prompt.as_deref().unwrap_or_default();
     let ids = if let Some(ids) = &args.ids {

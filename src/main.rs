@@ -218,6 +218,17 @@ struct BuildArgs {
     target_cpu: Option<String>,
 }
 
+impl BuildArgs {
+    fn choices(self) -> kiln::session::BuildChoices {
+        kiln::session::BuildChoices {
+            threads: self.threads,
+            prefill_block: self.prefill_block,
+            dequantize: self.dequantize,
+            target_cpu: self.target_cpu,
+        }
+    }
+}
+
 /// Rust ignores SIGPIPE, which turns `kiln ... | head` into a panic on the next write to the
 /// closed pipe; restore the default so the process ends quietly, as command-line tools do.
 fn restore_sigpipe() {
@@ -316,10 +327,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             model,
             emit_mlir,
             emit_asm,
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            dequantize: build.dequantize,
-            target_cpu: build.target_cpu,
+            build: build.choices(),
             json,
         }),
         Command::Run {
@@ -345,10 +353,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            dequantize: build.dequantize,
-            target_cpu: build.target_cpu,
+            build: build.choices(),
             ctx,
             show_special,
             ignore_eos,
@@ -374,19 +379,14 @@ fn dispatch(cli: Cli) -> Result<()> {
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            dequantize: build.dequantize,
-            target_cpu: build.target_cpu,
+            build: build.choices(),
             ctx,
             json,
             stats,
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
         }),
-        Command::Info { model, build, json } => {
-            commands::info(&model, build.prefill_block, build.dequantize, build.target_cpu, json)
-        }
+        Command::Info { model, build, json } => commands::info(&model, &build.choices(), json),
         Command::Probe { passes, json } => commands::probe(passes, json),
         Command::Debug {
             model,
@@ -401,10 +401,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             ids,
             chat,
             all_tokens,
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            dequantize: build.dequantize,
-            target_cpu: build.target_cpu,
+            build: build.choices(),
         }),
         Command::Bench {
             model,
@@ -420,10 +417,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             prompt_tokens,
             gen_tokens,
             reps,
-            threads: build.threads,
-            prefill_block: build.prefill_block,
-            dequantize: build.dequantize,
-            target_cpu: build.target_cpu,
+            build: build.choices(),
             json,
             print_prompt,
             no_probe,

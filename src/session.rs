@@ -43,6 +43,29 @@ pub struct OpenOptions {
     pub target_cpu: Option<String>,
 }
 
+/// What every command that opens a model takes from the command line (`--threads`,
+/// `--prefill-block`, `--dequantize`, `--target-cpu`).
+#[derive(Clone, Debug, Default)]
+pub struct BuildChoices {
+    pub threads: Option<usize>,
+    pub prefill_block: Option<usize>,
+    pub dequantize: Option<kiln_spec::DType>,
+    pub target_cpu: Option<String>,
+}
+
+impl BuildChoices {
+    /// Open options carrying these choices, everything else at its default.
+    pub fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            threads: self.threads,
+            prefill_rows: self.prefill_block,
+            dequantize: self.dequantize,
+            target_cpu: self.target_cpu.clone(),
+            ..OpenOptions::default()
+        }
+    }
+}
+
 /// The compiled library for a model on this machine.
 #[derive(Clone, Debug)]
 pub struct CompiledLibrary {
