@@ -636,6 +636,21 @@ impl<'c, 'a> Kb<'c, 'a> {
         self.index_cast(w, self.index_ty())
     }
     /// Stores a scalar or a vector.
+    /// A statically shaped stack buffer of type `ty` (e.g. `memref<4x64xf32>`), 64-byte aligned,
+    /// private to the calling thread and alive until the kernel returns.
+    pub fn alloca(&self, ty: &str) -> Value<'c, 'a> {
+        let ty = self.ty(ty);
+        self.op(
+            "memref.alloca",
+            &[],
+            &[ty],
+            &[
+                ("alignment", self.attr("64 : i64")),
+                ("operandSegmentSizes", self.attr("array<i32: 0, 0>")),
+            ],
+        )[0]
+    }
+
     pub fn store(&self, value: Value<'c, '_>, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) {
         let mut ops = vec![value, mem];
         ops.extend_from_slice(idx);

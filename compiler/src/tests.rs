@@ -59,9 +59,71 @@ fn spec(qk_norm: bool, window: Option<usize>) -> ModelSpec {
     }
 }
 
-struct Compiled {
+/// A library compiled from a list of kernels into a temporary folder, and loaded.
+struct TestLib {
     _dir: tempfile::TempDir,
     lib: libloading::Library,
+}
+
+impl TestLib {
+    /// Compiles `kernels` with `options`; with `dump`, each kernel's MLIR and assembly are
+    /// written there too.
+    fn build(kernels: &[Kernel], options: &CompileOptions, dump: Option<&std::path::Path>) -> TestLib {
+        let dir = tempfile::tempdir().unwrap();
+        let report = compile(&CompileRequest {
+            kernels,
+            options,
+            out_dir: dir.path(),
+            library_name: "libtest.so",
+            emit_mlir: dump,
+            emit_asm: dump,
+            threads: None,
+            progress: None,
+        })
+        .expect("test kernels compile");
+        // SAFETY: the library was just produced by the compiler and exports the ABI.
+        let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
+        TestLib { _dir: dir, lib }
+    }
+
+    /// The kernel's exported function.
+    fn get(&self, k: &Kernel) -> libloading::Symbol<'_, KernelFn> {
+        // SAFETY: every kernel symbol has the ABI signature `KernelFn`.
+        unsafe { self.lib.get(k.symbol().as_bytes()) }.expect("symbol exported")
+    }
+
+    /// Calls a kernel once per thread id, in turn (threads only partition the work).
+    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
+        let mut p = [std::ptr::null_mut(); PTR_ARGS];
+        p[..ptrs.len()].copy_from_slice(ptrs);
+        // The call's work counter, shared by its threads and zero when the call starts.
+        let mut work = [0u64; WORK_COUNTER_BYTES / 8];
+        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
+        let f = self.get(k);
+        for tid in 0..nth {
+            // SAFETY: ABI signature; the buffers match the kernel's shapes.
+            unsafe {
+                f(
+                    p[0],
+                    p[1],
+                    p[2],
+                    p[3],
+                    p[4],
+                    p[5],
+                    p[6],
+                    p[7],
+                    rows as i64,
+                    pos as i64,
+                    tid as i64,
+                    nth as i64,
+                )
+            };
+        }
+    }
+}
+
+struct Compiled {
+    lib: TestLib,
     kernels: Vec<Kernel>,
 }
 
@@ -77,25 +139,10 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
             f32_lanes: HostCpu::detect().f32_lanes(),
             target_cpu: None,
         };
-        let dir = tempfile::tempdir().unwrap();
         let kernels = kernel_list(&spec, &options);
-        let report = compile(&CompileRequest {
-            kernels: &kernels,
-            options: &options,
-            out_dir: dir.path(),
-            library_name: "libtest.so",
-            emit_mlir: None,
-            emit_asm: None,
-            threads: None,
-            progress: None,
-        })
-        .expect("test spec compiles");
-        // SAFETY: the library was just produced by the compiler and exports the ABI.
-        let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
         Compiled {
+            lib: TestLib::build(&kernels, &options, None),
             kernels,
-            _dir: dir,
-            lib,
         }
     })
 }
@@ -108,33 +155,8 @@ impl Compiled {
             .cloned()
             .expect("kernel in the set")
     }
-    /// Calls a kernel once per thread id, in turn (threads only partition the work).
     fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
-        let mut p = [std::ptr::null_mut(); PTR_ARGS];
-        p[..ptrs.len()].copy_from_slice(ptrs);
-        // The call's work counter, shared by its threads and zero when the call starts.
-        let mut work = [0u64; WORK_COUNTER_BYTES / 8];
-        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
-        // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
-        unsafe {
-            let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
-            for tid in 0..nth {
-                f(
-                    p[0],
-                    p[1],
-                    p[2],
-                    p[3],
-                    p[4],
-                    p[5],
-                    p[6],
-                    p[7],
-                    rows as i64,
-                    pos as i64,
-                    tid as i64,
-                    nth as i64,
-                );
-            }
-        }
+        self.lib.call(k, ptrs, rows, pos, nth)
     }
 }
 
@@ -550,20 +572,7 @@ fn matmul_work_split_under_concurrency() {
         f32_lanes: lanes,
         target_cpu: None,
     };
-    let dir = tempfile::tempdir().unwrap();
-    let report = compile(&CompileRequest {
-        kernels: &kernels,
-        options: &options,
-        out_dir: dir.path(),
-        library_name: "libsplit.so",
-        emit_mlir: None,
-        emit_asm: None,
-        threads: None,
-        progress: None,
-    })
-    .expect("split test kernels compile");
-    // SAFETY: the library was just produced by the compiler and exports the ABI.
-    let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
+    let lib = TestLib::build(&kernels, &options, None);
     let mut rng = Rng(0x5eed);
     for kernel in &kernels {
         let Kernel::MatMul {
@@ -583,7 +592,7 @@ fn matmul_work_split_under_concurrency() {
         let (mut wb, wv) = weights(&mut rng, n * k, DType::BF16);
         let (mut bb, bv) = weights(&mut rng, n, DType::F32);
         let y0 = rng.vec(max_rows * n);
-        let f: libloading::Symbol<KernelFn> = unsafe { lib.get(kernel.symbol().as_bytes()) }.expect("symbol");
+        let f = lib.get(kernel);
         let inputs = [ptr(&mut x) as usize, ptr(&mut wb) as usize, ptr(&mut bb) as usize];
         let run = |nth: usize| -> Vec<f32> {
             let mut y = y0.clone();

@@ -235,9 +235,7 @@ impl Kernel {
                 window,
                 ..
             } => {
-                let keys: usize = (0..rows)
-                    .map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w)))
-                    .sum();
+                let keys = attended_keys(rows, pos, *window);
                 rows * 2 * heads * head_dim * f + keys * 2 * kv_heads * head_dim * f
             }
             Kernel::SiluMul { dim, .. } => rows * 3 * dim * f,
@@ -257,12 +255,7 @@ impl Kernel {
                 head_dim,
                 window,
                 ..
-            } => {
-                let keys: usize = (0..rows)
-                    .map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w)))
-                    .sum();
-                4 * keys * heads * head_dim
-            }
+            } => 4 * attended_keys(rows, pos, *window) * heads * head_dim,
             _ => 0,
         };
         b as u64
@@ -335,6 +328,14 @@ impl Kernel {
         };
         format!("kiln_{}_{shape}_{regime}_{short}", self.family())
     }
+}
+
+/// Cache rows the attention of `rows` rows starting at `pos` reads, summed over the rows (each
+/// row `r` attends to positions up to `pos + r`, within the sliding window if there is one).
+fn attended_keys(rows: usize, pos: usize, window: Option<usize>) -> usize {
+    (0..rows)
+        .map(|r| window.map_or(pos + r + 1, |w| (pos + r + 1).min(w)))
+        .sum()
 }
 
 #[cfg(test)]

@@ -155,16 +155,7 @@ pub(super) fn normalised_row<'c, 'a>(
     k: usize,
     max_lanes: usize,
 ) -> Value<'c, 'a> {
-    let ty = b.ty(&format!("memref<1x{k}xf32>"));
-    let buf = b.op(
-        "memref.alloca",
-        &[],
-        &[ty],
-        &[
-            ("alignment", b.attr("64 : i64")),
-            ("operandSegmentSizes", b.attr("array<i32: 0, 0>")),
-        ],
-    )[0];
+    let buf = b.alloca(&format!("memref<1x{k}xf32>"));
     let zero = b.idx(0);
     let inv = norm::inv_rms(b, x, zero, zero, k, norm.eps.get(), max_lanes);
     norm::scale_row(
@@ -234,20 +225,8 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         *k
     };
     let use_scratch = wdtype.is_quantized() || *wdtype != DType::F32;
-    let alloca = |b: Kb<'c, 'a>, ty: &str| {
-        let ty = b.ty(ty);
-        b.op(
-            "memref.alloca",
-            &[],
-            &[ty],
-            &[
-                ("alignment", b.attr("64 : i64")),
-                ("operandSegmentSizes", b.attr("array<i32: 0, 0>")),
-            ],
-        )[0]
-    };
-    let scratch = use_scratch.then(|| alloca(b, &format!("memref<{nb}x{chunk}xf32>")));
-    let acc = (chunk < *k).then(|| alloca(b, &format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));
+    let scratch = use_scratch.then(|| b.alloca(&format!("memref<{nb}x{chunk}xf32>")));
+    let acc = (chunk < *k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));
     let parts = Part::split(*k, chunk);
 
     // One block of `cols` weight rows starting at `n0`, over every row tile.

@@ -45,13 +45,9 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
     let per_row = heads + kv_heads;
     // cos and sin of this row's angles, computed once per row and thread rather than once per
     // head (scalar `cos`/`sin` calls were most of this kernel's time).
-    let trig_ty = b.ty(&format!("memref<{half}xf32>"));
-    let attrs = [
-        ("alignment", b.attr("64 : i64")),
-        ("operandSegmentSizes", b.attr("array<i32: 0, 0>")),
-    ];
-    let cos_buf = b.op("memref.alloca", &[], &[trig_ty], &attrs)[0];
-    let sin_buf = b.op("memref.alloca", &[], &[trig_ty], &attrs)[0];
+    let trig_ty = format!("memref<{half}xf32>");
+    let cos_buf = b.alloca(&trig_ty);
+    let sin_buf = b.alloca(&trig_ty);
     let total = b.muli(d.rows, b.idx(per_row));
     let (start, end) = thread_range(b, total, d, 1);
     let one = b.idx(1);

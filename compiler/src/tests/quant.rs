@@ -11,9 +11,8 @@
 //! Every test runs at the host's vector width and at the narrower ones (8 and 4 lanes), which
 //! take the portable conversion path instead of AVX-512's table lookups.
 
-use super::{Rng, f32_to_f16, ptr};
-use crate::{CompileRequest, compile};
-use kiln_spec::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
+use super::{Rng, TestLib, f32_to_f16, ptr};
+use kiln_spec::abi::WORK_COUNTER_BYTES;
 use kiln_spec::{CompileOptions, DType, HostCpu, Kernel};
 use std::sync::OnceLock;
 
@@ -95,62 +94,14 @@ fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize, wide: bool) -> Vec<
     data
 }
 
-struct Lib {
-    _dir: tempfile::TempDir,
-    lib: libloading::Library,
-}
-
-impl Lib {
-    fn build(kernels: &[Kernel], lanes: usize) -> Lib {
-        let options = CompileOptions {
-            prefill_rows: ROWS,
-            f32_lanes: lanes,
-            target_cpu: None,
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let report = compile(&CompileRequest {
-            kernels,
-            options: &options,
-            out_dir: dir.path(),
-            library_name: "libquant.so",
-            emit_mlir: None,
-            emit_asm: None,
-            threads: None,
-            progress: None,
-        })
-        .expect("quantised kernels compile");
-        // SAFETY: the library was just produced by the compiler and exports the ABI.
-        let lib = unsafe { libloading::Library::new(&report.library) }.expect("library loads");
-        Lib { _dir: dir, lib }
-    }
-
-    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, nth: usize) {
-        let mut p = [std::ptr::null_mut(); PTR_ARGS];
-        p[..ptrs.len()].copy_from_slice(ptrs);
-        // The call's work counter, shared by its threads and zero when the call starts.
-        let mut work = [0u64; WORK_COUNTER_BYTES / 8];
-        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
-        // SAFETY: the symbol has the ABI signature; the buffers match the kernel's shapes.
-        unsafe {
-            let f: libloading::Symbol<KernelFn> = self.lib.get(k.symbol().as_bytes()).expect("symbol exported");
-            for tid in 0..nth {
-                f(
-                    p[0],
-                    p[1],
-                    p[2],
-                    p[3],
-                    p[4],
-                    p[5],
-                    p[6],
-                    p[7],
-                    rows as i64,
-                    0,
-                    tid as i64,
-                    nth as i64,
-                );
-            }
-        }
-    }
+/// A library of `kernels` written with `lanes`-wide vectors.
+fn build(kernels: &[Kernel], lanes: usize) -> TestLib {
+    let options = CompileOptions {
+        prefill_rows: ROWS,
+        f32_lanes: lanes,
+        target_cpu: None,
+    };
+    TestLib::build(kernels, &options, None)
 }
 
 /// The shapes exercised per format: `(n, k, bias, accumulate)`.
@@ -200,14 +151,14 @@ fn suite(lanes: usize) -> Vec<Kernel> {
 }
 
 /// One library per vector width, compiled once per test binary.
-fn lib(lanes: usize) -> &'static Lib {
-    static LIBS: [OnceLock<Lib>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+fn lib(lanes: usize) -> &'static TestLib {
+    static LIBS: [OnceLock<TestLib>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = match lanes {
         16 => 0,
         8 => 1,
         _ => 2,
     };
-    LIBS[slot].get_or_init(|| Lib::build(&suite(lanes), lanes))
+    LIBS[slot].get_or_init(|| build(&suite(lanes), lanes))
 }
 
 fn reference(dtype: DType, data: &[u8]) -> Vec<f32> {
@@ -215,7 +166,7 @@ fn reference(dtype: DType, data: &[u8]) -> Vec<f32> {
 }
 
 /// Dequantises `table` (rows of `hidden` values) with the embedding kernel, every row once.
-fn embed_all(lib: &Lib, dtype: DType, hidden: usize, table: &mut [u8], rows: usize) -> Vec<f32> {
+fn embed_all(lib: &TestLib, dtype: DType, hidden: usize, table: &mut [u8], rows: usize) -> Vec<f32> {
     let vocab = table.len() / dtype.bytes_for(hidden);
     let k = Kernel::Embed {
         vocab,
@@ -228,7 +179,7 @@ fn embed_all(lib: &Lib, dtype: DType, hidden: usize, table: &mut [u8], rows: usi
         let n = rows.min(vocab - first);
         let mut tokens: Vec<i32> = (0..rows).map(|i| (first + i.min(n - 1)) as i32).collect();
         let mut x = vec![f32::NAN; rows * hidden];
-        lib.call(&k, &[ptr(&mut tokens), table.as_mut_ptr(), ptr(&mut x)], n, 2);
+        lib.call(&k, &[ptr(&mut tokens), table.as_mut_ptr(), ptr(&mut x)], n, 0, 2);
         out.extend_from_slice(&x[..n * hidden]);
     }
     out
@@ -357,7 +308,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     if bias {
                         ptrs.push(ptr(&mut bv));
                     }
-                    lib.call(&prefill, &ptrs, rows, nth);
+                    lib.call(&prefill, &ptrs, rows, 0, nth);
                     for (i, ((g, w), t)) in y.iter().zip(&want).zip(&tol).enumerate() {
                         let err = (*g as f64 - w).abs();
                         assert!(
@@ -381,7 +332,7 @@ fn quantised_matmuls_prefill_and_decode() {
                         if bias {
                             ptrs.push(ptr(&mut bv));
                         }
-                        lib.call(&decode, &ptrs, 1, nth);
+                        lib.call(&decode, &ptrs, 1, 0, nth);
                         assert_bits(
                             &yr,
                             &y[r * n..(r + 1) * n],
@@ -474,24 +425,8 @@ fn quant_speed() {
         f32_lanes: lanes,
         target_cpu: None,
     };
-    let dir = tempfile::tempdir().unwrap();
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
-    let report = compile(&CompileRequest {
-        kernels: &kernels,
-        options: &options,
-        out_dir: dir.path(),
-        library_name: "libspeed.so",
-        emit_mlir: asm.as_deref(),
-        emit_asm: asm.as_deref(),
-        threads: None,
-        progress: None,
-    })
-    .unwrap();
-    // SAFETY: as in `Lib::build`.
-    let lib = Lib {
-        lib: unsafe { libloading::Library::new(&report.library) }.unwrap(),
-        _dir: dir,
-    };
+    let lib = TestLib::build(&kernels, &options, asm.as_deref());
     let mut rng = Rng(3);
     println!("{lanes} lanes, one thread, n {n}, k {k}: decode (1 row) | prefill ({rows} rows)");
     for dtype in types {
@@ -522,7 +457,7 @@ fn quant_speed() {
             let s = (0..if max_rows == 1 { 500 } else { 20 })
                 .map(|_| {
                     let t = std::time::Instant::now();
-                    lib.call(&kernel, &ptrs, max_rows, 1);
+                    lib.call(&kernel, &ptrs, max_rows, 0, 1);
                     t.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min);
@@ -587,8 +522,8 @@ fn decode_sweep() {
     let probe = Kernel::ProbeRead {
         elems: n * dtype.bytes_for(k) / 4,
     };
-    let probe_lib = Lib::build(std::slice::from_ref(&probe), lanes);
-    let libs: Vec<Lib> = configs
+    let probe_lib = build(std::slice::from_ref(&probe), lanes);
+    let libs: Vec<TestLib> = configs
         .iter()
         .map(|(r, p)| {
             // SAFETY: test-only; no other thread reads the environment while we compile.
@@ -599,7 +534,7 @@ fn decode_sweep() {
                 std::env::set_var("KILN_EXP_PF", near);
                 std::env::set_var("KILN_EXP_PF_FAR", far);
             }
-            Lib::build(std::slice::from_ref(&kernel), lanes)
+            build(std::slice::from_ref(&kernel), lanes)
         })
         .collect();
     let mut rng = Rng(5);
@@ -628,8 +563,7 @@ fn decode_sweep() {
             for tid in 0..2i64 {
                 let (probe, probe_lib) = (&probe, &probe_lib);
                 s.spawn(move || {
-                    let f: libloading::Symbol<KernelFn> =
-                        unsafe { probe_lib.lib.get(probe.symbol().as_bytes()) }.unwrap();
+                    let f = probe_lib.get(probe);
                     let null = std::ptr::null_mut();
                     // SAFETY: the weight buffer holds `elems` f32; `sums` 64 x 16 f32.
                     unsafe {
@@ -660,8 +594,7 @@ fn decode_sweep() {
                 for tid in 0..2i64 {
                     let kernel = &kernel;
                     s.spawn(move || {
-                        let f: libloading::Symbol<KernelFn> =
-                            unsafe { lib.lib.get(kernel.symbol().as_bytes()) }.unwrap();
+                        let f = lib.get(kernel);
                         let p = |i: usize| ptrs[i] as *mut u8;
                         let null = std::ptr::null_mut();
                         // SAFETY: buffers match the kernel's shapes; threads write disjoint outputs.
