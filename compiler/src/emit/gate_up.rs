@@ -36,16 +36,16 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         None => p[0],
     };
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
+    let lanes = lanes_for(k, max_lanes);
     let projection = |y| MatMul {
         k,
-        lanes: lanes_for(k, max_lanes),
+        lanes,
         x,
         y,
         bias: None,
         accumulate: false,
     };
     let (gate_mm, up_mm) = (projection(gate), projection(up));
-    let lanes = lanes_for(k, max_lanes);
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
     // chains split over the two matrices (one row of each with AVX-512) keep as many bytes in
     // flight. Quantised ones are bound by the dequantisation work, whose latency the decode
