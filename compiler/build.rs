@@ -1,5 +1,5 @@
 //! Records the LLVM version the compiler links and a hash of the sources that decide the
-//! generated code (this crate's and `kiln-spec`'s), so both can enter cache keys without calling
+//! generated code (this crate's and `kiln-core`'s), so both can enter cache keys without calling
 //! into LLVM at run time: a library built by older emitters is never taken from the cache, even
 //! when nobody remembered to bump `PIPELINE_VERSION`.
 
@@ -21,11 +21,11 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 }
 
-/// FNV-1a over the path and contents of every `.rs` file under `src/` and `../spec/src/`,
+/// FNV-1a over the path and contents of every `.rs` file under `src/` and `../core/src/`,
 /// in sorted order (tests included: they cannot change the code, but hashing them is harmless).
 fn source_hash() -> u64 {
     let mut files = Vec::new();
-    for root in ["src", "../spec/src"] {
+    for root in ["src", "../core/src"] {
         println!("cargo:rerun-if-changed={root}");
         collect(std::path::Path::new(root), &mut files);
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Renders the chat-template fixtures of `runtime/src/chat_template` with `transformers`.
+"""Renders the chat-template fixtures of `text/src/chat_template` with `transformers`.
 
-For every `<model>.jinja` in `runtime/tests/data/chat_templates/` (with its `<model>.json`
+For every `<model>.jinja` in `tests/data/chat_templates/` (with its `<model>.json`
 holding `bos_token` / `eos_token`), renders a set of conversations through
 `PreTrainedTokenizerFast.apply_chat_template(..., tokenize=False)` and writes each
 result (or the template's own error message) to `expected.json` beside them. The Rust

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Write the fixtures of Kiln's GGUF front end (runtime/src/gguf) under runtime/tests/data/gguf/.
+"""Write the fixtures of Kiln's GGUF front end (formats/src/gguf) under tests/data/gguf/.
 
 Usage:
 
     pip install gguf==0.19.0 numpy llama-cpp-python   # llama-cpp-python builds from source
-    python3 scripts/make_gguf_fixtures.py [--out runtime/tests/data/gguf] [--smollm PATH.gguf]
+    python3 scripts/make_gguf_fixtures.py [--out tests/data/gguf] [--smollm PATH.gguf]
     python3 scripts/make_gguf_fixtures.py --vocab-dir LLAMA_CPP/models [--vocab-out FILE.json]
 
 Everything is deterministic (fixed seeds, no network). What is written:

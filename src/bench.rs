@@ -4,9 +4,9 @@
 use crate::commands::{human_bytes, load_probe, probe_library};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
-use kiln_runtime::probe::{ReadProbe, load_average};
-use kiln_runtime::sampler::argmax;
-use kiln_spec::HostCpu;
+use kiln_core::HostCpu;
+use kiln_engine::probe::{ReadProbe, load_average};
+use kiln_text::sampler::argmax;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -134,7 +134,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
     // Matmul flops per prompt token (the output head runs once per prefill, on the last row).
     let head = 2 * spec.vocab_size as u64 * spec.hidden_size as u64;
-    let layer_flops: u64 = kiln_spec::graph::block_graph(&spec, 1)
+    let layer_flops: u64 = kiln_core::graph::block_graph(&spec, 1)
         .steps
         .iter()
         .map(|s| s.kernel.flops(1, 0))

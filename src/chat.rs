@@ -15,11 +15,11 @@
 
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Context as _, Result, anyhow};
-use kiln_runtime::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
-use kiln_runtime::engine::{Engine, EngineError};
-use kiln_runtime::generate::{self, GenerateOptions, Generation, Model, Part, StopReason, ThinkFilter};
-use kiln_runtime::sampler::{Sampler, SamplingParams};
-use kiln_runtime::tokenizer::Tokenizer;
+use kiln_engine::engine::{Engine, EngineError};
+use kiln_text::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
+use kiln_text::generate::{self, GenerateOptions, Generation, Model, Part, StopReason, ThinkFilter};
+use kiln_text::sampler::{Sampler, SamplingParams};
+use kiln_text::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, IsTerminal as _, Write};
 use std::path::{Path, PathBuf};

@@ -7,11 +7,11 @@ use crate::session::{
 };
 use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
-use kiln_runtime::chat_template::RenderOptions;
-use kiln_runtime::generate::{GenerateOptions, generate};
-use kiln_runtime::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
-use kiln_runtime::sampler::SamplingParams;
-use kiln_spec::HostCpu;
+use kiln_core::HostCpu;
+use kiln_engine::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
+use kiln_text::chat_template::RenderOptions;
+use kiln_text::generate::{GenerateOptions, generate};
+use kiln_text::sampler::SamplingParams;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -235,7 +235,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
         Lookup::Corrupt(reason) => format!("corrupt entry, will be rebuilt ({reason})"),
     };
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
-    let dtypes: std::collections::BTreeSet<String> = kiln_spec::weights::weight_list(spec)
+    let dtypes: std::collections::BTreeSet<String> = kiln_core::weights::weight_list(spec)
         .iter()
         .map(|w| w.dtype.to_string())
         .collect();
@@ -287,7 +287,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
         "weights      {} ({})",
         dtypes.into_iter().collect::<Vec<_>>().join(", "),
         human_bytes(
-            kiln_spec::weights::weight_list(spec)
+            kiln_core::weights::weight_list(spec)
                 .iter()
                 .map(|w| w.bytes() as u64)
                 .sum()

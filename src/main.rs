@@ -3,8 +3,8 @@
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 use kiln::commands;
-use kiln_runtime::sampler::SamplingParams;
-use kiln_spec::DType;
+use kiln_core::DType;
+use kiln_text::sampler::SamplingParams;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -6,12 +6,12 @@
 
 use anyhow::{Context as _, Result, anyhow};
 use kiln_cache::{BuildOutput, Cache, Key, Status};
-use kiln_runtime::engine::{Engine, EngineConfig, EngineError, WeightSource};
-use kiln_runtime::hub;
-use kiln_runtime::library::LibraryError;
-use kiln_runtime::loader::{self, LoadOptions, ModelFormat};
-use kiln_runtime::tokenizer::Tokenizer;
-use kiln_spec::{CompileOptions, HostCpu, ModelSpec, abi};
+use kiln_core::{CompileOptions, HostCpu, ModelSpec, abi};
+use kiln_engine::engine::{Engine, EngineConfig, EngineError, WeightSource};
+use kiln_engine::library::LibraryError;
+use kiln_formats::hub;
+use kiln_formats::loader::{self, LoadOptions, ModelFormat};
+use kiln_text::tokenizer::Tokenizer;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub struct OpenOptions {
     /// Print compile progress on stderr.
     pub progress: bool,
     /// Convert quantised weights to this float type at load (`--dequantize`).
-    pub dequantize: Option<kiln_spec::DType>,
+    pub dequantize: Option<kiln_core::DType>,
     /// Emit vectors of at most this many f32 lanes (4, 8 or 16) instead of the widest the host
     /// has: lets a machine with AVX-512 build and check the code an AVX2 machine gets.
     pub max_f32_lanes: Option<usize>,
@@ -49,7 +49,7 @@ pub struct OpenOptions {
 pub struct BuildChoices {
     pub threads: Option<usize>,
     pub prefill_block: Option<usize>,
-    pub dequantize: Option<kiln_spec::DType>,
+    pub dequantize: Option<kiln_core::DType>,
     pub target_cpu: Option<String>,
 }
 
@@ -164,7 +164,7 @@ pub fn ensure_compiled(
 /// A kernel library to find in the cache or build.
 pub struct LibraryRequest {
     pub key: Key,
-    pub kernels: Vec<kiln_spec::Kernel>,
+    pub kernels: Vec<kiln_core::Kernel>,
     pub options: CompileOptions,
     /// Shown in the progress bar.
     pub label: String,
@@ -310,7 +310,7 @@ impl PreparedModel {
         )?;
         let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") {
-            let resident = kiln_runtime::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref())
+            let resident = kiln_engine::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref())
                 .map_err(anyhow::Error::msg)?;
             weights = Arc::new(resident);
         }

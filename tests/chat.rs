@@ -5,13 +5,12 @@
 //! local fake hub.
 //!
 //! The fixture models ship no chat template, so each test writes a copy of the fixture with a
-//! real template from `runtime/tests/data/chat_templates/` into a temp folder.
+//! real template from `tests/data/chat_templates/` into a temp folder.
 
-use kiln_runtime::chat_template::{ChatTemplate, Message, RenderOptions};
-use kiln_runtime::generate::{GenerateOptions, generate};
-use kiln_runtime::hub::HubOptions;
-use kiln_runtime::sampler::SamplingParams;
-use kiln_runtime::tokenizer::Tokenizer;
+use kiln_text::chat_template::{ChatTemplate, Message, RenderOptions};
+use kiln_text::generate::{GenerateOptions, generate};
+use kiln_text::sampler::SamplingParams;
+use kiln_text::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -20,10 +19,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-/// The runtime's fake Hugging Face hub (a test helper there), shared rather than copied.
-#[allow(dead_code)]
-#[path = "../runtime/src/hub/fake_hub.rs"]
-mod fake_hub;
+use kiln_testkit::fake_hub;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -31,7 +27,7 @@ fn fixture(name: &str) -> PathBuf {
 
 fn template_source(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("runtime/tests/data/chat_templates")
+        .join("tests/data/chat_templates")
         .join(format!("{name}.jinja"));
     std::fs::read_to_string(path).unwrap()
 }

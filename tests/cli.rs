@@ -426,7 +426,7 @@ fn unknown_or_unsupported_target_cpu() {
         &["--target-cpu", "haswell"],
         &["--target-cpu", "unknown target CPU `haswell`", "x86-64-v3"],
     );
-    let host = kiln_spec::HostCpu::detect();
+    let host = kiln_core::HostCpu::detect();
     if host.x86_level("x86-64-v4").is_err() && host.arch == "x86_64" {
         // A level above this CPU's: the library could not run here.
         expect_error(&model, cache.path(), &["--target-cpu", "x86-64-v4"], &["lacks avx512"]);

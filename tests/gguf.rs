@@ -5,8 +5,8 @@
 //! quantised kernels read them or the weights are dequantised at load.
 
 use kiln::session::{OpenOptions, Session};
-use kiln_runtime::sampler::argmax;
-use kiln_spec::DType;
+use kiln_core::DType;
+use kiln_text::sampler::argmax;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,7 +137,7 @@ fn quantised_kernels_match_dequantising_at_load() {
         let mut quantised = open(file, None);
         let mut dequantised = open(file, Some(DType::F32));
         assert!(
-            kiln_spec::weights::weight_list(&quantised.spec)
+            kiln_core::weights::weight_list(&quantised.spec)
                 .iter()
                 .any(|w| w.dtype.is_quantized()),
             "{file}: the quantised kernels are exercised"

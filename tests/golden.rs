@@ -6,7 +6,7 @@
 //! Goldens come from `scripts/make_golden.py`; nothing here uses the network or `../shared`.
 
 use kiln::session::{OpenOptions, Session};
-use kiln_runtime::sampler::argmax;
+use kiln_text::sampler::argmax;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -144,7 +144,7 @@ fn avx2_level_code_matches_transformers_too() {
     // Built for x86-64-v3 (AVX2 + FMA) rather than this CPU, the library is what an AVX2-only
     // machine runs: 16 vector registers, no AVX-512 instructions, LLVM's own instruction
     // selection for that level. Checked wherever the tests run on a CPU that has the level.
-    let host = kiln_spec::HostCpu::detect();
+    let host = kiln_core::HostCpu::detect();
     if let Err(why) = host.x86_level("x86-64-v3") {
         eprintln!("skipped: {why}");
         return;

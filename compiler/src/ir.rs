@@ -5,7 +5,7 @@
 //! regions (`scf.for`, `scf.if`) take a closure that receives a builder for the inner block.
 //! Float constants are written as hexadecimal bit patterns so they are exact.
 
-use kiln_spec::DType;
+use kiln_core::DType;
 use melior::{
     Context,
     ir::{

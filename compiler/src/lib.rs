@@ -12,7 +12,7 @@ mod lower;
 pub use llvm::HostTarget;
 pub use lower::{PIPELINE, PIPELINE_VERSION};
 
-use kiln_spec::{CompileOptions, Kernel, ModelSpec, graph};
+use kiln_core::{CompileOptions, Kernel, ModelSpec, graph};
 use melior::{
     Context,
     dialect::DialectRegistry,
@@ -112,8 +112,8 @@ pub fn kernel_list(spec: &ModelSpec, options: &CompileOptions) -> Vec<Kernel> {
 /// Weight matrices (embedding, projections, output head) may be stored in any GGML block format
 /// whose block divides their rows; norms and biases must be f32, f16 or bf16.
 pub fn model_kernels(spec: &ModelSpec, options: &CompileOptions) -> Result<Vec<Kernel>, CompileError> {
-    use kiln_spec::{LayerWeight as L, WeightId};
-    for w in kiln_spec::weights::weight_list(spec)
+    use kiln_core::{LayerWeight as L, WeightId};
+    for w in kiln_core::weights::weight_list(spec)
         .iter()
         .filter(|w| w.dtype.is_quantized())
     {
@@ -209,7 +209,7 @@ fn compile_one(
     let t0 = Instant::now();
     let symbol = kernel
         .map(|k| k.symbol())
-        .unwrap_or_else(|| kiln_spec::abi::ABI_VERSION_SYMBOL.to_string());
+        .unwrap_or_else(|| kiln_core::abi::ABI_VERSION_SYMBOL.to_string());
     let family = kernel.map(|k| k.family()).unwrap_or("abi");
     let fail = |message: String| CompileError::Kernel {
         symbol: symbol.clone(),

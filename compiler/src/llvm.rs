@@ -164,7 +164,7 @@ impl HostTarget {
 
     /// The host, or the x86-64 level `options.target_cpu` names (its features are those the
     /// level's CPU name implies, none of the host's beyond them).
-    pub fn for_options(options: &kiln_spec::CompileOptions) -> HostTarget {
+    pub fn for_options(options: &kiln_core::CompileOptions) -> HostTarget {
         let host = Self::detect();
         match &options.target_cpu {
             Some(cpu) => HostTarget {

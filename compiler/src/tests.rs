@@ -3,8 +3,8 @@
 //! decode shapes, with bf16, f16 and f32 weights.
 
 use crate::{CompileRequest, compile, kernel_list};
-use kiln_spec::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
-use kiln_spec::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
+use kiln_core::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
+use kiln_core::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
 use std::sync::OnceLock;
 
 mod quant;

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use kiln_runtime::gguf::{GgufHeader, model, tokenizer};
+use kiln_formats::gguf::{GgufHeader, model, tokenizer};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 

@@ -12,7 +12,7 @@
 
 use super::{Dyn, max_index, thread_range};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::Kernel;
+use kiln_core::Kernel;
 use melior::ir::Value;
 
 pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {

@@ -2,7 +2,7 @@
 
 use super::{Dyn, quant, thread_range};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::Kernel;
+use kiln_core::Kernel;
 use melior::ir::Value;
 
 /// `x[r, :] = float(table[tokens[r], :])`. Token ids are clamped to the table so a bad id can

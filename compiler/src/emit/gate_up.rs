@@ -14,7 +14,7 @@ use super::Dyn;
 use super::elementwise::silu_mul_at;
 use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_row};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::Kernel;
+use kiln_core::Kernel;
 use melior::ir::Value;
 
 pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {

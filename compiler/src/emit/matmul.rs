@@ -25,7 +25,7 @@
 
 use super::{Dyn, norm, quant, split_work};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::{DType, Kernel, RowNorm};
+use kiln_core::{DType, Kernel, RowNorm};
 use melior::ir::Value;
 
 /// Largest prefill weight scratch (`nb * chunk * 4` bytes): a block's weight rows are widened

@@ -2,7 +2,7 @@
 //! compute one [`Kernel`] for one exact shape, with every dimension a constant.
 //!
 //! Each kernel becomes its own module holding one public `func.func` with the ABI signature of
-//! [`kiln_spec::abi`]: eight statically shaped memrefs (lowered to bare pointers) followed by
+//! [`kiln_core::abi`]: eight statically shaped memrefs (lowered to bare pointers) followed by
 //! `rows`, `pos`, `thread_id` and `n_threads` as i64.
 
 mod attention;
@@ -15,7 +15,7 @@ mod quant;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};
-use kiln_spec::{CompileOptions, DType, Kernel, abi};
+use kiln_core::{CompileOptions, DType, Kernel, abi};
 use melior::{
     Context,
     ir::{

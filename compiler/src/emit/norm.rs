@@ -6,7 +6,7 @@
 
 use super::{Dyn, thread_range};
 use crate::ir::{Kb, lanes_for};
-use kiln_spec::{DType, Kernel};
+use kiln_core::{DType, Kernel};
 use melior::ir::Value;
 
 pub fn emit_rmsnorm<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {

@@ -4,7 +4,7 @@
 
 use super::{Dyn, thread_range};
 use crate::ir::Kb;
-use kiln_spec::Kernel;
+use kiln_core::Kernel;
 use melior::ir::Value;
 
 /// Independent accumulators in the read loop: enough loads in flight to cover memory latency.

@@ -2,7 +2,7 @@
 //!
 //! A quantised `[n, k]` weight is passed as `memref<n x ROWBYTES x i8>`: row `r` is
 //! `k / block_elems` consecutive blocks, laid out exactly as GGML stores them (see
-//! `runtime/src/gguf/dequant.rs`, the reference these emitters reproduce). Nothing is assumed
+//! `core/src/dequant.rs`, the reference these emitters reproduce). Nothing is assumed
 //! about alignment: every load is an unaligned vector load of bytes.
 //!
 //! [`dequant_block`] turns one block into f32 vectors of `lanes` lanes in k order. Each format
@@ -22,7 +22,7 @@
 //! codes and apply the map per vector.
 
 use crate::ir::Kb;
-use kiln_spec::DType;
+use kiln_core::DType;
 use melior::ir::Value;
 use std::collections::HashMap;
 

@@ -10,7 +10,7 @@
 use super::norm::{inv_rms, scale_row};
 use super::{Dyn, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
-use kiln_spec::{DType, Kernel};
+use kiln_core::{DType, Kernel};
 use melior::ir::Value;
 
 /// Name of the module-private table of inverse frequencies.

@@ -1,5 +1,5 @@
 //! Kernels over GGML-quantised weights against the runtime's reference dequantisers
-//! (`runtime/src/gguf/dequant.rs`, bit-exact with ggml and gguf-py):
+//! (`core/src/dequant.rs`, bit-exact with ggml and gguf-py):
 //!
 //! * the embedding kernel, which only dequantises, reproduces the reference bit for bit on
 //!   random blocks (every finite f16 scale, subnormals included) and on the gguf-py fixtures;
@@ -12,13 +12,11 @@
 //! take the portable conversion path instead of AVX-512's table lookups.
 
 use super::{Rng, TestLib, f32_to_f16, ptr};
-use kiln_spec::abi::WORK_COUNTER_BYTES;
-use kiln_spec::{CompileOptions, DType, HostCpu, Kernel};
+use kiln_core::abi::WORK_COUNTER_BYTES;
+use kiln_core::{CompileOptions, DType, HostCpu, Kernel};
 use std::sync::OnceLock;
 
-#[allow(dead_code)]
-#[path = "../../../runtime/src/gguf/dequant.rs"]
-mod dequant;
+use kiln_core::dequant;
 
 const QUANTS: [DType; 10] = [
     DType::Q8_0,
@@ -217,7 +215,7 @@ fn embed_dequantises_bit_for_bit() {
 
 #[test]
 fn embed_matches_gguf_py_fixtures() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/data/gguf/dequant");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/gguf/dequant");
     for lanes in widths() {
         let lib = lib(lanes);
         for dtype in QUANTS {

@@ -1,0 +1,49 @@
+//! Shared vocabulary of Kiln's compiler and runtime: what a model is ([`ModelSpec`]), which
+//! tensors it reads ([`weights`]), which kernels a library for it exports ([`Kernel`]), in what
+//! order they run ([`graph`]), how they are called ([`abi`]) and what the host offers
+//! ([`target`]). It has no dependency on MLIR, so the runtime can use it without the compiler.
+
+pub mod abi;
+pub mod dequant;
+pub mod dtype;
+pub mod graph;
+pub mod kernel;
+pub mod model;
+pub mod target;
+pub mod weights;
+
+pub use dtype::DType;
+pub use kernel::{Kernel, RowNorm};
+pub use model::{Arch, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
+pub use target::HostCpu;
+pub use weights::{LayerWeight, WeightId};
+
+use serde::{Deserialize, Serialize};
+
+/// Choices made at compile time that are not part of the model: they change the generated
+/// code, so they enter the cache key alongside the spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompileOptions {
+    /// Rows per prefill block: the static row capacity of the prefill kernels.
+    pub prefill_rows: usize,
+    /// f32 lanes of the vectors the kernels are written with (from [`HostCpu::f32_lanes`]).
+    pub f32_lanes: usize,
+    /// Generate code for this x86-64 level ([`target::X86_LEVELS`]) instead of the host CPU.
+    /// Absent from the serialised options (and so from the cache key) when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cpu: Option<String>,
+}
+
+impl CompileOptions {
+    /// Default prefill block size: large enough that each weight tile is reused across many
+    /// rows, small enough that a block's activations stay in the last-level cache.
+    pub const DEFAULT_PREFILL_ROWS: usize = 64;
+
+    pub fn for_host(cpu: &HostCpu) -> CompileOptions {
+        CompileOptions {
+            prefill_rows: Self::DEFAULT_PREFILL_ROWS,
+            f32_lanes: cpu.f32_lanes(),
+            target_cpu: None,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Activation buffers and the KV cache: zeroed, 64-byte aligned allocations made once when an
+//! engine is created, never on the token path.
+
+use kiln_core::ModelSpec;
+use kiln_core::graph::Buf;
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+/// Alignment of every buffer: a cache line, and the widest vector load.
+const ALIGN: usize = 64;
+
+/// Buffers at least this large are mapped straight from the kernel: their pages are zero
+/// until first written and cost nothing until then. (The global allocator zeroes an
+/// over-aligned allocation with memset, touching every page: for a KV cache of 4096 positions
+/// that was most of a warm start.)
+const MAP_THRESHOLD: usize = 1 << 20;
+
+/// A zeroed, aligned allocation: from the heap, or for large sizes an anonymous mapping.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    mapped: bool,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; concurrent access is coordinated by
+// the pool's barriers (kernels write disjoint parts between barriers).
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn zeroed(bytes: usize) -> AlignedBuf {
+        Self::with_align(bytes, ALIGN, false, false)
+    }
+    /// Like [`AlignedBuf::zeroed`], but for a large buffer of which only a part may ever be
+    /// touched: the address space is reserved without committing memory for it
+    /// (`MAP_NORESERVE`), and pages are backed only once written.
+    pub fn reserved(bytes: usize) -> AlignedBuf {
+        Self::with_align(bytes, ALIGN, false, true)
+    }
+    /// Like [`AlignedBuf::zeroed`], 2 MiB aligned and advised to use transparent huge pages
+    /// (fewer TLB misses when a large buffer is streamed).
+    pub fn zeroed_huge(bytes: usize) -> AlignedBuf {
+        const HUGE: usize = 2 << 20;
+        if bytes < HUGE {
+            return AlignedBuf::zeroed(bytes);
+        }
+        Self::with_align(bytes.next_multiple_of(HUGE), HUGE, true, false)
+    }
+
+    fn with_align(bytes: usize, align: usize, huge: bool, noreserve: bool) -> AlignedBuf {
+        let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
+        #[cfg(target_os = "linux")]
+        if layout.size() >= MAP_THRESHOLD {
+            // Over-allocate by the alignment so an aligned start always fits, then give the
+            // slack back; the kernel's pages are 4 KiB aligned already, enough below that.
+            let slack = align.saturating_sub(4096);
+            let len = layout.size() + slack;
+            // SAFETY: an anonymous private mapping with no address hint; checked below.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if noreserve { libc::MAP_NORESERVE } else { 0 },
+                    -1,
+                    0,
+                )
+            };
+            if raw != libc::MAP_FAILED {
+                let start = (raw as usize).next_multiple_of(align);
+                let head = start - raw as usize;
+                let tail = len - head - layout.size();
+                // SAFETY: unmapping the unused ends of the mapping just made; `huge` only
+                // advises the kernel about a range we own (failure means no huge pages).
+                unsafe {
+                    if head > 0 {
+                        libc::munmap(raw, head);
+                    }
+                    if tail > 0 {
+                        libc::munmap((start + layout.size()) as *mut libc::c_void, tail);
+                    }
+                    if huge {
+                        libc::madvise(start as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE);
+                    }
+                }
+                let ptr = NonNull::new(start as *mut u8).expect("mmap does not return null");
+                return AlignedBuf {
+                    ptr,
+                    layout,
+                    mapped: true,
+                };
+            }
+        }
+        let _ = (huge, noreserve);
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf {
+            ptr,
+            layout,
+            mapped: false,
+        }
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn bytes(&self) -> usize {
+        self.layout.size()
+    }
+    /// The contents as f32 values (the first `len` of them).
+    pub fn f32s(&self, len: usize) -> &[f32] {
+        assert!(len * 4 <= self.layout.size());
+        // SAFETY: in bounds (checked), aligned to 64, initialised (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr() as *const f32, len) }
+    }
+    pub fn f32s_mut(&mut self, len: usize) -> &mut [f32] {
+        assert!(len * 4 <= self.layout.size());
+        // SAFETY: in bounds, aligned, initialised; `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut f32, len) }
+    }
+    pub fn i32s_mut(&mut self, len: usize) -> &mut [i32] {
+        assert!(len * 4 <= self.layout.size());
+        // SAFETY: as above, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut i32, len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.mapped {
+            // SAFETY: `ptr..ptr + size` is exactly what `with_align` kept of its mapping.
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.layout.size()) };
+            return;
+        }
+        // SAFETY: allocated in `with_align` with this exact layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Every buffer a plan can name: activations sized for `block_rows` rows, one logits row, and
+/// K and V caches of `ctx` usable positions per layer.
+pub struct Buffers {
+    bufs: HashMap<Buf, AlignedBuf>,
+    row_bytes: HashMap<Buf, usize>,
+    pub block_rows: usize,
+    pub ctx: usize,
+}
+
+impl Buffers {
+    pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize) -> Buffers {
+        let mut bufs = HashMap::new();
+        let mut row_bytes = HashMap::new();
+        let mut add = |b: Buf, rows: usize| {
+            let row = b.row_len(spec) * 4;
+            row_bytes.insert(b, row);
+            let buf = match b {
+                Buf::KCache(_) | Buf::VCache(_) => AlignedBuf::reserved(row * rows),
+                _ => AlignedBuf::zeroed(row * rows),
+            };
+            bufs.insert(b, buf);
+        };
+        for b in [
+            Buf::Tokens,
+            Buf::X,
+            Buf::Xn,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Attn,
+            Buf::Gate,
+            Buf::Up,
+        ] {
+            add(b, block_rows);
+        }
+        add(Buf::Logits, 1);
+        // The caches are head-major (`[kv_heads, capacity, head_dim]`) with the capacity the
+        // kernels were compiled for, the model's own limit; the engine uses only the first
+        // `ctx` positions of each head, so only those pages are ever backed by memory.
+        for l in 0..spec.num_layers() {
+            add(Buf::KCache(l), spec.max_position_embeddings);
+            add(Buf::VCache(l), spec.max_position_embeddings);
+        }
+        Buffers {
+            bufs,
+            row_bytes,
+            block_rows,
+            ctx,
+        }
+    }
+
+    pub fn get(&self, b: Buf) -> &AlignedBuf {
+        &self.bufs[&b]
+    }
+    pub fn get_mut(&mut self, b: Buf) -> &mut AlignedBuf {
+        self.bufs.get_mut(&b).expect("every buffer is allocated")
+    }
+    pub fn row_bytes(&self, b: Buf) -> usize {
+        self.row_bytes[&b]
+    }
+    /// Bytes the KV cache holds when all `ctx` positions are in use.
+    pub fn kv_bytes(&self) -> usize {
+        self.row_bytes
+            .iter()
+            .filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_)))
+            .map(|(_, row)| row * self.ctx)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zeroed_aligned_and_writable_at_every_size() {
+        for bytes in [
+            1,
+            100,
+            4096,
+            MAP_THRESHOLD - 64,
+            MAP_THRESHOLD,
+            3 * MAP_THRESHOLD + 8,
+            5 << 20,
+        ] {
+            for huge in [false, true] {
+                let mut b = if huge {
+                    AlignedBuf::zeroed_huge(bytes)
+                } else {
+                    AlignedBuf::zeroed(bytes)
+                };
+                let align = if huge && bytes >= 2 << 20 { 2 << 20 } else { ALIGN };
+                assert_eq!(b.as_ptr() as usize % align, 0, "{bytes} bytes, huge {huge}");
+                assert!(b.bytes() >= bytes);
+                let n = b.bytes() / 4;
+                assert!(b.f32s(n).iter().all(|&v| v == 0.0), "{bytes} bytes start zeroed");
+                let s = b.f32s_mut(n);
+                s[0] = 1.0;
+                s[n - 1] = 2.0;
+                assert_eq!((b.f32s(n)[0], b.f32s(n)[n - 1]), (1.0, 2.0));
+            }
+        }
+    }
+}

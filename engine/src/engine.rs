@@ -1,0 +1,316 @@
+//! The engine: a compiled library, the model's weights, buffers and KV cache, and the plans that
+//! drive them. Prefill runs the prompt in blocks of rows; decode runs one row per token; both end
+//! with the output head on the last row. All numeric work happens in the library.
+
+use crate::buffers::Buffers;
+use crate::library::{KernelLibrary, LibraryError};
+use crate::plan::{Plan, Resolved};
+use crate::pool::{Pool, physical_cores};
+use kiln_core::graph::{self, Arg, Buf};
+use kiln_core::{CompileOptions, ModelSpec, WeightId};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Gives the engine a pointer to each weight tensor. The pointers must stay valid, unchanged,
+/// as long as the source lives; the engine keeps the source alive.
+pub trait WeightSource: Send + Sync {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String>;
+}
+
+/// Run-time choices that do not change the compiled code.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Compute threads; default one per physical core.
+    pub threads: Option<usize>,
+    /// KV-cache capacity in tokens; default `min(max_position_embeddings, 4096)`.
+    pub ctx: Option<usize>,
+    /// Pin compute threads to cores.
+    pub pin: bool,
+    /// Record per-node times (`KILN_PROFILE=1`).
+    pub profile: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: None,
+            ctx: None,
+            pin: true,
+            profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1"),
+        }
+    }
+}
+
+/// Default KV-cache capacity when the model allows more.
+pub const DEFAULT_CTX: usize = 4096;
+
+impl EngineConfig {
+    /// The KV-cache capacity this configuration gives an engine for `spec`: the requested one
+    /// if the model allows it, else `min(max_position_embeddings, DEFAULT_CTX)`.
+    pub fn resolved_ctx(&self, spec: &ModelSpec) -> Result<usize, EngineError> {
+        let max = spec.max_position_embeddings;
+        match self.ctx {
+            Some(requested) if requested > max => Err(EngineError::CtxTooLarge { requested, max }),
+            Some(requested) => Ok(requested.max(1)),
+            None => Ok(max.min(DEFAULT_CTX)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Library(#[from] LibraryError),
+    #[error("{0}")]
+    Plan(String),
+    #[error("{tokens} tokens at position {pos} exceed the context of {ctx} tokens")]
+    ContextFull { tokens: usize, pos: usize, ctx: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    BadToken { id: u32, vocab: usize },
+    #[error("nothing to prefill: the prompt has no tokens")]
+    Empty,
+    #[error("--ctx {requested} exceeds the model's max_position_embeddings ({max})")]
+    CtxTooLarge { requested: usize, max: usize },
+}
+
+/// Plans of one regime: the layer blocks and the output head.
+struct Plans {
+    block: Plan,
+    head: Plan,
+}
+
+pub struct Engine {
+    spec: ModelSpec,
+    pool: Pool,
+    prefill: Plans,
+    decode: Plans,
+    bufs: Buffers,
+    pos: usize,
+    // Dropped after the plans that point into them.
+    weights: Arc<dyn WeightSource>,
+    library: KernelLibrary,
+}
+
+impl Engine {
+    /// Opens `library` (compiled for `spec` with `options`) and binds it to `weights`.
+    pub fn new(
+        spec: &ModelSpec,
+        options: &CompileOptions,
+        library: &Path,
+        weights: Arc<dyn WeightSource>,
+        config: &EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let ctx = config.resolved_ctx(spec)?;
+        let block_rows = options.prefill_rows;
+        let kernels = graph::kernel_set(spec, block_rows);
+        let library = KernelLibrary::open(library, &kernels)?;
+        let bufs = Buffers::new(spec, block_rows, ctx);
+        let cores = physical_cores();
+        let threads = config.threads.unwrap_or(cores.len()).max(1);
+        let pool = Pool::new(
+            threads,
+            (config.pin && threads <= cores.len()).then(|| &cores[..threads]),
+        );
+
+        let build = |g: &graph::Graph| build_plan(g, &library, &bufs, weights.as_ref(), config.profile);
+        let head = graph::head_graph(spec);
+        let prefill = Plans {
+            block: build(&graph::block_graph(spec, block_rows))?,
+            head: build(&head)?,
+        };
+        let decode = Plans {
+            block: build(&graph::block_graph(spec, 1))?,
+            head: build(&head)?,
+        };
+        Ok(Engine {
+            spec: spec.clone(),
+            pool,
+            prefill,
+            decode,
+            bufs,
+            pos: 0,
+            weights,
+            library,
+        })
+    }
+
+    /// Prefills `tokens` like [`Engine::prefill`] but one layer at a time, returning the
+    /// residual stream of every token after the embedding and after each layer
+    /// (`[1 + layers][tokens][hidden]`), for numerical comparisons against a reference. Slower
+    /// than `prefill` (a plan per layer, and a copy of the residual after each).
+    pub fn prefill_layer_by_layer(&mut self, tokens: &[u32]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        self.check(tokens)?;
+        let block = self.bufs.block_rows;
+        let full = graph::block_graph(&self.spec, block);
+        // Split the block graph into the embedding and one graph per layer.
+        let mut parts: Vec<graph::Graph> = vec![graph::Graph::default(); self.spec.num_layers() + 1];
+        for step in full.steps {
+            let i = step.layer.map_or(0, |l| l + 1);
+            parts[i].steps.push(step);
+        }
+        let mut plans = parts
+            .iter()
+            .map(|g| build_plan(g, &self.library, &self.bufs, self.weights.as_ref(), false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hidden = self.spec.hidden_size;
+        let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
+        for chunk in tokens.chunks(block) {
+            self.load_tokens(chunk);
+            for (plan, residuals) in plans.iter_mut().zip(out.iter_mut()) {
+                plan.run(&self.pool, chunk.len(), self.pos, chunk.len());
+                let x = self.bufs.get(Buf::X).f32s(chunk.len() * hidden);
+                residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));
+            }
+            self.pos += chunk.len();
+        }
+        let last_rows = (tokens.len() - 1) % block + 1;
+        self.prefill.head.run(&self.pool, 1, self.pos - 1, last_rows);
+        Ok(out)
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+    /// Tokens currently in the KV cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+    pub fn ctx(&self) -> usize {
+        self.bufs.ctx
+    }
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+    /// The engine's thread pool (a benchmark measures the machine's ceilings on it).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+    pub fn prefill_block(&self) -> usize {
+        self.bufs.block_rows
+    }
+    /// Forgets the conversation (the cache contents are overwritten as positions are reused).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+    /// Drops every cached position from `pos` on, so generation continues from there.
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::Empty);
+        }
+        if self.pos + tokens.len() > self.bufs.ctx {
+            return Err(EngineError::ContextFull {
+                tokens: tokens.len(),
+                pos: self.pos,
+                ctx: self.bufs.ctx,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.spec.vocab_size) {
+            return Err(EngineError::BadToken {
+                id,
+                vocab: self.spec.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` through the model at the current position, in blocks of the prefill
+    /// size, and returns the logits of the last token.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        self.check(tokens)?;
+        let block = self.bufs.block_rows;
+        for chunk in tokens.chunks(block) {
+            self.load_tokens(chunk);
+            self.prefill.block.run(&self.pool, chunk.len(), self.pos, chunk.len());
+            self.pos += chunk.len();
+        }
+        // The head reads the last row of the last block.
+        let last_rows = (tokens.len() - 1) % block + 1;
+        self.prefill.head.run(&self.pool, 1, self.pos - 1, last_rows);
+        Ok(self.logits())
+    }
+
+    /// Feeds one token and returns the logits for the next.
+    pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
+        self.check(&[token])?;
+        self.load_tokens(&[token]);
+        self.decode.block.run(&self.pool, 1, self.pos, 1);
+        self.decode.head.run(&self.pool, 1, self.pos, 1);
+        self.pos += 1;
+        Ok(self.logits())
+    }
+
+    /// Logits produced by the last `prefill` or `decode`.
+    pub fn logits(&self) -> &[f32] {
+        self.bufs.get(Buf::Logits).f32s(self.spec.vocab_size)
+    }
+
+    fn load_tokens(&mut self, tokens: &[u32]) {
+        let dst = self.bufs.get_mut(Buf::Tokens).i32s_mut(tokens.len());
+        for (d, &t) in dst.iter_mut().zip(tokens) {
+            *d = t as i32;
+        }
+    }
+
+    /// The profile of each plan that ran, when the engine was created with `profile`.
+    pub fn profile(&self) -> Vec<PlanProfile> {
+        let block = self.bufs.block_rows;
+        let head = graph::head_graph(&self.spec);
+        let plans: [(&str, &Plan, graph::Graph); 4] = [
+            ("prefill", &self.prefill.block, graph::block_graph(&self.spec, block)),
+            ("prefill_head", &self.prefill.head, head.clone()),
+            ("decode", &self.decode.block, graph::block_graph(&self.spec, 1)),
+            ("decode_head", &self.decode.head, head),
+        ];
+        plans
+            .into_iter()
+            .filter_map(|(name, plan, graph)| {
+                let t = plan.times()?;
+                Some(PlanProfile {
+                    name,
+                    runs: t.runs(),
+                    rows: t.rows(),
+                    nodes: graph.steps.into_iter().zip(t.nodes()).collect(),
+                    barriers_per_run: t.barriers_per_run(),
+                    barrier_wait_nanos: t.barrier_wait(self.pool.threads()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Binds `graph` to the library's kernels, the engine's buffers and the weights.
+fn build_plan(
+    graph: &graph::Graph,
+    library: &KernelLibrary,
+    bufs: &Buffers,
+    weights: &dyn WeightSource,
+    profile: bool,
+) -> Result<Plan, EngineError> {
+    let resolve = |arg: &Arg| -> Result<Resolved, String> {
+        match *arg {
+            Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer {
+                base: bufs.get(b).as_ptr(),
+                row_bytes: bufs.row_bytes(b),
+            }),
+            Arg::Weight(id) => weights.weight_ptr(id).map(Resolved::Weight),
+        }
+    };
+    Plan::build(graph, library, resolve, profile).map_err(EngineError::Plan)
+}
+
+/// Accumulated per-node times of one plan.
+pub struct PlanProfile {
+    pub name: &'static str,
+    pub runs: u64,
+    pub rows: u64,
+    pub nodes: Vec<(graph::Step, crate::plan::NodeProfile)>,
+    /// Barriers one run passes (the final one included).
+    pub barriers_per_run: u64,
+    /// Per thread: nanoseconds waited at barriers over all runs (load imbalance plus the
+    /// barrier's own cost).
+    pub barrier_wait_nanos: Vec<u64>,
+}

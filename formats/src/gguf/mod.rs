@@ -1,0 +1,137 @@
+//! GGUF front end: a llama.cpp model file into the same [`ModelSpec`] the safetensors front end
+//! ([`crate::model`]) produces, memory-mapped weights with Hugging Face row order, and the
+//! file's tokenizer as a [`Tokenizer`].
+//!
+//! ```no_run
+//! let model = kiln_formats::gguf::load(std::path::Path::new("/models/SmolLM2-135M.Q4_1.gguf"))?;
+//! println!("{} layers, eos {:?}", model.spec.num_layers(), model.eos_token_ids);
+//! let q = model.weights.tensor(kiln_core::WeightId::Layer(0, kiln_core::LayerWeight::Q))?;
+//! println!("{} {:?} at {:p}", q.dtype, q.shape, q.ptr());
+//! let ids = model.tokenizer.encode("<|im_start|>user\nHi<|im_end|>", false)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The pieces, each usable on its own:
+//!
+//! * [`parse`]: the container (GGUF v2/v3 header, metadata, tensor table), every length and
+//!   offset checked against the file; never panics (fuzzed, see `fuzz/`).
+//! * [`model`]: metadata and tensor table to a validated [`ModelSpec`] (`llama`, `qwen2`,
+//!   `qwen3`), each tensor checked against `weight_list(spec)`.
+//! * [`permute`]: undoing llama.cpp's q/k row permutation of `llama` files.
+//! * [`weights`]: [`GgufWeights`], the tensors by [`kiln_core::WeightId`] (pointer, type,
+//!   shape), also an [`kiln_engine::engine::WeightSource`]; `dequantize_to` for `--dequantize`.
+//! * [`dequant`]: reference dequantisers of every storage type, bit-exact with ggml.
+//! * [`tokenizer`]: `tokenizer.*` metadata to a `tokenizer.json` and a Kiln [`Tokenizer`],
+//!   matching llama.cpp's tokenisation.
+//!
+//! Every failure is one [`GgufError`] whose message is one line starting with the file's path.
+//! [`crate::model::load`] does not depend on this module; choosing between the two is up to
+//! the caller ([`is_gguf`] tells them apart by the magic).
+
+pub use kiln_core::dequant;
+pub mod error;
+pub mod model;
+pub mod parse;
+pub mod permute;
+pub mod tokenizer;
+pub mod weights;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::GgufError;
+pub use parse::{GgufHeader, TensorInfo, Value};
+pub use tokenizer::GgufVocab;
+pub use weights::{GgufTensor, GgufWeights};
+
+use kiln_core::ModelSpec;
+use kiln_text::tokenizer::Tokenizer;
+use memmap2::Mmap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// A GGUF model file, read and checked.
+#[derive(Debug)]
+pub struct LoadedGguf {
+    /// The file.
+    pub path: PathBuf,
+    /// The validated spec, with each tensor's storage type as found in the file.
+    pub spec: ModelSpec,
+    /// The mapped weights, checked against `spec`, q/k rows in Hugging Face order. The parsed
+    /// header (all metadata) is [`GgufWeights::header`].
+    pub weights: GgufWeights,
+    /// The tokenizer metadata as read (token texts, types, scores, merges, special ids).
+    pub vocab: GgufVocab,
+    /// The tokenizer built from it; `encode(text, true)` adds BOS/EOS as the file asks.
+    pub tokenizer: Tokenizer,
+    /// `tokenizer.ggml.bos_token_id` (or the tokenizer family's default).
+    pub bos_token_id: Option<u32>,
+    /// Every id that ends generation: EOS, EOT, EOM and the end-of-turn tokens llama.cpp
+    /// recognises by their text (`<|im_end|>`, `<|eot_id|>`, ...).
+    pub eos_token_ids: Vec<u32>,
+    /// Whether prompts start with BOS (`tokenizer.ggml.add_bos_token`).
+    pub add_bos: bool,
+    /// `tokenizer.chat_template`, the raw Jinja source.
+    pub chat_template: Option<String>,
+}
+
+/// Whether `path` is a file starting with the GGUF magic.
+pub fn is_gguf(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == parse::MAGIC)
+}
+
+/// Maps `path` read-only and parses its header.
+pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 4 {
+        // Too short to map usefully; parse the bytes for the proper message.
+        let bytes = std::fs::read(path).map_err(io)?;
+        GgufHeader::parse(&bytes, path)?;
+    }
+    // SAFETY: the mapping is read-only. The file is treated as immutable while the model is
+    // loaded (changing it meanwhile is not supported, as with any memory-mapped loader); every
+    // access is bounds-checked against the map's length by the parser.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    let header = GgufHeader::parse(&map, path)?;
+    Ok((map, header))
+}
+
+/// Reads the GGUF model at `path`: header, spec (every needed tensor checked), weights (llama
+/// q/k rows reordered) and tokenizer.
+pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
+    let (map, header) = open(path)?;
+    let spec = model::spec_from_header(&header, &map, path)?;
+    let vocab = tokenizer::vocab_from_header(&header, path)?;
+    if vocab.tokens.len() > spec.vocab_size {
+        return Err(GgufError::InvalidModel {
+            path: path.to_path_buf(),
+            message: format!(
+                "tokenizer.ggml.tokens has {} tokens, but token_embd.weight has only {} rows",
+                vocab.tokens.len(),
+                spec.vocab_size
+            ),
+        });
+    }
+    let tokenizer = tokenizer::build_tokenizer(&vocab, path)?;
+    let weights = GgufWeights::new(path, map, header, &spec)?;
+    Ok(LoadedGguf {
+        path: path.to_path_buf(),
+        bos_token_id: vocab.bos_token_id,
+        eos_token_ids: vocab.eog_token_ids.clone(),
+        add_bos: vocab.add_bos,
+        chat_template: vocab.chat_template.clone(),
+        spec,
+        weights,
+        vocab,
+        tokenizer,
+    })
+}

@@ -1,0 +1,844 @@
+//! The GGUF container: header, metadata and tensor table, parsed from the bytes of a file.
+//!
+//! Layout (GGUF v2 and v3, little-endian; v1 used 32-bit counts and is rejected):
+//!
+//! ```text
+//! magic "GGUF" | version u32 | tensor_count u64 | kv_count u64
+//! kv_count × (key: string, value_type: u32, value)
+//! tensor_count × (name: string, n_dims: u32, ne: n_dims × u64, ggml_type: u32, offset: u64)
+//! padding to `general.alignment` (default 32)
+//! tensor data (each tensor at data_start + offset)
+//! ```
+//!
+//! where a string is `len: u64` followed by `len` bytes of UTF-8, and an array value is
+//! `elem_type: u32, count: u64` followed by `count` values of that type (arrays nest).
+//!
+//! Nothing read from the file is trusted: every length and count is checked against the bytes
+//! that remain before anything is allocated (a count of `n` elements of at least `m` bytes each
+//! needs `n × m` bytes), array nesting is capped at [`MAX_ARRAY_DEPTH`], every dimension product
+//! and byte size is computed with overflow checks, and every tensor's `offset + size` is checked
+//! against the file size and its offset against the alignment. No input makes [`GgufHeader::parse`]
+//! panic or read outside the given slice.
+
+use super::error::GgufError;
+use kiln_core::DType;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+/// The four bytes every GGUF file starts with.
+pub const MAGIC: [u8; 4] = *b"GGUF";
+/// Alignment of tensor data when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Deepest nesting of array values accepted (real files use 1; 2 for arrays of arrays).
+pub const MAX_ARRAY_DEPTH: usize = 8;
+/// Longest tensor name accepted, in bytes (ggml's `GGML_MAX_NAME` minus the terminator).
+pub const MAX_TENSOR_NAME: usize = 63;
+/// Most dimensions a tensor may have (ggml's `GGML_MAX_DIMS`).
+pub const MAX_DIMS: usize = 4;
+/// Longest metadata key accepted, in bytes (the GGUF specification's limit).
+pub const MAX_KEY_LEN: usize = 65535;
+
+/// Type tag of a metadata value (`gguf_metadata_value_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ValueType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl ValueType {
+    /// Parses the on-disk tag.
+    pub fn from_id(id: u32) -> Option<ValueType> {
+        Some(match id {
+            0 => ValueType::U8,
+            1 => ValueType::I8,
+            2 => ValueType::U16,
+            3 => ValueType::I16,
+            4 => ValueType::U32,
+            5 => ValueType::I32,
+            6 => ValueType::F32,
+            7 => ValueType::Bool,
+            8 => ValueType::String,
+            9 => ValueType::Array,
+            10 => ValueType::U64,
+            11 => ValueType::I64,
+            12 => ValueType::F64,
+            _ => return None,
+        })
+    }
+
+    /// The on-disk tag.
+    pub fn id(self) -> u32 {
+        match self {
+            ValueType::U8 => 0,
+            ValueType::I8 => 1,
+            ValueType::U16 => 2,
+            ValueType::I16 => 3,
+            ValueType::U32 => 4,
+            ValueType::I32 => 5,
+            ValueType::F32 => 6,
+            ValueType::Bool => 7,
+            ValueType::String => 8,
+            ValueType::Array => 9,
+            ValueType::U64 => 10,
+            ValueType::I64 => 11,
+            ValueType::F64 => 12,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueType::U8 => "u8",
+            ValueType::I8 => "i8",
+            ValueType::U16 => "u16",
+            ValueType::I16 => "i16",
+            ValueType::U32 => "u32",
+            ValueType::I32 => "i32",
+            ValueType::F32 => "f32",
+            ValueType::Bool => "bool",
+            ValueType::String => "string",
+            ValueType::Array => "array",
+            ValueType::U64 => "u64",
+            ValueType::I64 => "i64",
+            ValueType::F64 => "f64",
+        }
+    }
+
+    /// The fewest bytes one value of this type takes on disk (a string: its length; an array:
+    /// its element type and count).
+    fn min_size(self) -> u64 {
+        match self {
+            ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
+            ValueType::U16 | ValueType::I16 => 2,
+            ValueType::U32 | ValueType::I32 | ValueType::F32 => 4,
+            ValueType::U64 | ValueType::I64 | ValueType::F64 | ValueType::String => 8,
+            ValueType::Array => 12,
+        }
+    }
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Array),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// An array value, stored by element type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Array {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    /// Nested arrays; each has its own element type.
+    Array(Vec<Array>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+impl Array {
+    pub fn len(&self) -> usize {
+        match self {
+            Array::U8(v) => v.len(),
+            Array::I8(v) => v.len(),
+            Array::U16(v) => v.len(),
+            Array::I16(v) => v.len(),
+            Array::U32(v) => v.len(),
+            Array::I32(v) => v.len(),
+            Array::F32(v) => v.len(),
+            Array::Bool(v) => v.len(),
+            Array::String(v) => v.len(),
+            Array::Array(v) => v.len(),
+            Array::U64(v) => v.len(),
+            Array::I64(v) => v.len(),
+            Array::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn elem_type(&self) -> ValueType {
+        match self {
+            Array::U8(_) => ValueType::U8,
+            Array::I8(_) => ValueType::I8,
+            Array::U16(_) => ValueType::U16,
+            Array::I16(_) => ValueType::I16,
+            Array::U32(_) => ValueType::U32,
+            Array::I32(_) => ValueType::I32,
+            Array::F32(_) => ValueType::F32,
+            Array::Bool(_) => ValueType::Bool,
+            Array::String(_) => ValueType::String,
+            Array::Array(_) => ValueType::Array,
+            Array::U64(_) => ValueType::U64,
+            Array::I64(_) => ValueType::I64,
+            Array::F64(_) => ValueType::F64,
+        }
+    }
+
+    /// Every element as an `f64`, for numeric arrays.
+    pub fn to_f64s(&self) -> Option<Vec<f64>> {
+        Some(match self {
+            Array::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::U16(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::I16(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::U32(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::U64(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Array::F64(v) => v.clone(),
+            Array::Bool(_) | Array::String(_) | Array::Array(_) => return None,
+        })
+    }
+}
+
+impl Value {
+    pub fn value_type(&self) -> ValueType {
+        match self {
+            Value::U8(_) => ValueType::U8,
+            Value::I8(_) => ValueType::I8,
+            Value::U16(_) => ValueType::U16,
+            Value::I16(_) => ValueType::I16,
+            Value::U32(_) => ValueType::U32,
+            Value::I32(_) => ValueType::I32,
+            Value::F32(_) => ValueType::F32,
+            Value::Bool(_) => ValueType::Bool,
+            Value::String(_) => ValueType::String,
+            Value::Array(_) => ValueType::Array,
+            Value::U64(_) => ValueType::U64,
+            Value::I64(_) => ValueType::I64,
+            Value::F64(_) => ValueType::F64,
+        }
+    }
+
+    /// The value as a non-negative integer, for any integer type (converters differ in which
+    /// width they write; a negative signed value gives `None`).
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v.into()),
+            Value::U16(v) => Some(v.into()),
+            Value::U32(v) => Some(v.into()),
+            Value::U64(v) => Some(v),
+            Value::I8(v) => u64::try_from(v).ok(),
+            Value::I16(v) => u64::try_from(v).ok(),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as a float, for float and integer types.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v.into()),
+            Value::F64(v) => Some(v),
+            Value::I8(v) => Some(v.into()),
+            Value::I16(v) => Some(v.into()),
+            Value::I32(v) => Some(v.into()),
+            Value::I64(v) => Some(v as f64),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&Array> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// "a u32", "an array of 3 strings", for error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Value::Array(a) => format!("an array of {} {}", a.len(), a.elem_type()),
+            v => {
+                let name = v.value_type().name();
+                let article = if name.starts_with(['a', 'f', 'i']) { "an" } else { "a" };
+                format!("{article} {name}")
+            }
+        }
+    }
+}
+
+/// GGML type names by id, for messages about types Kiln does not read. Ids missing here were
+/// never assigned or were removed from ggml.
+pub fn ggml_type_name(id: u32) -> Option<&'static str> {
+    Some(match id {
+        0 => "f32",
+        1 => "f16",
+        2 => "q4_0",
+        3 => "q4_1",
+        6 => "q5_0",
+        7 => "q5_1",
+        8 => "q8_0",
+        9 => "q8_1",
+        10 => "q2_k",
+        11 => "q3_k",
+        12 => "q4_k",
+        13 => "q5_k",
+        14 => "q6_k",
+        15 => "q8_k",
+        16 => "iq2_xxs",
+        17 => "iq2_xs",
+        18 => "iq3_xxs",
+        19 => "iq1_s",
+        20 => "iq4_nl",
+        21 => "iq3_s",
+        22 => "iq2_s",
+        23 => "iq4_xs",
+        24 => "i8",
+        25 => "i16",
+        26 => "i32",
+        27 => "i64",
+        28 => "f64",
+        29 => "iq1_m",
+        30 => "bf16",
+        34 => "tq1_0",
+        35 => "tq2_0",
+        39 => "mxfp4",
+        40 => "nvfp4",
+        41 => "q1_0",
+        42 => "q2_0",
+        _ => return None,
+    })
+}
+
+/// The GGML type names Kiln reads, for messages.
+pub const SUPPORTED_TYPES: &str = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k";
+
+/// One entry of the tensor table, validated (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions as GGUF lists them: innermost (row length, ggml's `ne[0]`) first.
+    pub ne: Vec<u64>,
+    /// The GGML type id as stored.
+    pub type_id: u32,
+    pub dtype: DType,
+    /// Offset of the data from the start of the data section, as stored.
+    pub offset: u64,
+    /// Absolute offset of the data in the file (`data_start + offset`).
+    pub start: u64,
+    /// Bytes of data.
+    pub size: u64,
+}
+
+impl TensorInfo {
+    /// The shape outermost dimension first (the reverse of [`Self::ne`]), as `weight_list` and
+    /// safetensors write it: a `[vocab, hidden]` embedding is `ne = [hidden, vocab]`.
+    pub fn shape(&self) -> Vec<usize> {
+        // Every dimension was checked to fit in an i64 (and the product too), so the casts are
+        // exact on 64-bit targets.
+        self.ne.iter().rev().map(|&d| d as usize).collect()
+    }
+
+    /// Number of elements.
+    pub fn elems(&self) -> u64 {
+        self.ne.iter().product()
+    }
+
+    /// Elements per row (`ne[0]`; 1 for a 0-dimensional tensor).
+    pub fn row_len(&self) -> u64 {
+        self.ne.first().copied().unwrap_or(1)
+    }
+
+    /// Number of rows (every dimension but the first).
+    pub fn rows(&self) -> u64 {
+        self.ne.iter().skip(1).product()
+    }
+}
+
+/// A parsed GGUF header: metadata and tensor table, all checked against the file size.
+#[derive(Clone, Debug)]
+pub struct GgufHeader {
+    pub version: u32,
+    /// `general.alignment`, or [`DEFAULT_ALIGNMENT`].
+    pub alignment: u64,
+    /// Absolute offset of the data section.
+    pub data_start: u64,
+    /// Size of the parsed bytes (the file).
+    pub file_len: u64,
+    /// Metadata in file order.
+    pub metadata: Vec<(String, Value)>,
+    /// Tensor table in file order.
+    pub tensors: Vec<TensorInfo>,
+    key_index: HashMap<String, usize>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl GgufHeader {
+    /// The value of a metadata key.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// A tensor-table entry by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// Parses `bytes`, the whole file. `path` is only used in error messages.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufHeader, GgufError> {
+        let mut r = Reader {
+            buf: bytes,
+            pos: 0,
+            path,
+        };
+        let file_len = bytes.len() as u64;
+        // Magic: a file too short to hold it is reported as a bad magic too.
+        let magic = bytes.get(..4).unwrap_or(bytes);
+        if magic != MAGIC {
+            return Err(GgufError::BadMagic {
+                path: path.to_path_buf(),
+                found: describe_magic(magic),
+            });
+        }
+        r.pos = 4;
+        let version = r.u32(&|| "the version".into())?;
+        if version != 2 && version != 3 {
+            let swapped = version.swap_bytes();
+            if version > 0xFFFF && (1..=3).contains(&swapped) {
+                return Err(GgufError::BigEndian {
+                    path: path.to_path_buf(),
+                    version: swapped,
+                });
+            }
+            return Err(GgufError::UnsupportedVersion {
+                path: path.to_path_buf(),
+                version,
+            });
+        }
+        let n_tensors = r.u64(&|| "the tensor count".into())?;
+        let n_kv = r.u64(&|| "the metadata count".into())?;
+        // Minimal on-disk sizes: a key-value pair is a key length, a type and at least one byte
+        // of value; a tensor entry is a name length, n_dims, a type and an offset.
+        r.check_count(n_kv, 8 + 4 + 1, "metadata entries")?;
+
+        let mut metadata = Vec::with_capacity(reserve(n_kv));
+        let mut key_index = HashMap::with_capacity(reserve(n_kv));
+        for i in 0..n_kv {
+            let key = r.string(&|| format!("the key of metadata entry {i}"))?;
+            if key.is_empty() {
+                return Err(r.malformed(format!("metadata entry {i} has an empty key")));
+            }
+            if key.len() > MAX_KEY_LEN {
+                return Err(r.malformed(format!(
+                    "metadata entry {i} has a key of {} bytes (at most {MAX_KEY_LEN})",
+                    key.len()
+                )));
+            }
+            let type_id = r.u32(&|| format!("the value type of metadata key \"{key}\""))?;
+            let Some(vt) = ValueType::from_id(type_id) else {
+                return Err(r.malformed(format!("metadata key \"{key}\" has unknown value type {type_id}")));
+            };
+            let value = r.value(vt, &key, 0)?;
+            if key_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(r.malformed(format!("duplicate metadata key \"{key}\"")));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match key_index.get("general.alignment").map(|&i| &metadata[i].1) {
+            None => DEFAULT_ALIGNMENT,
+            Some(Value::U32(a)) if *a != 0 && a.is_power_of_two() => u64::from(*a),
+            Some(Value::U32(a)) => {
+                return Err(GgufError::BadKey {
+                    path: path.to_path_buf(),
+                    key: "general.alignment".into(),
+                    problem: format!("is {a}, expected a power of two"),
+                });
+            }
+            Some(v) => {
+                return Err(GgufError::BadKey {
+                    path: path.to_path_buf(),
+                    key: "general.alignment".into(),
+                    problem: format!("is {}, expected a u32", v.describe()),
+                });
+            }
+        };
+
+        r.check_count(n_tensors, 8 + 4 + 4 + 8, "tensor entries")?;
+        struct Raw {
+            name: String,
+            ne: Vec<u64>,
+            type_id: u32,
+            offset: u64,
+        }
+        let mut raws = Vec::with_capacity(reserve(n_tensors));
+        let mut tensor_index = HashMap::with_capacity(reserve(n_tensors));
+        for i in 0..n_tensors {
+            let name = r.string(&|| format!("the name of tensor {i}"))?;
+            let n_dims = r.u32(&|| format!("the dimension count of tensor {name}"))?;
+            if n_dims as usize > MAX_DIMS {
+                return Err(r.bad_tensor(&name, format!("has {n_dims} dimensions (at most {MAX_DIMS})")));
+            }
+            let mut ne = Vec::with_capacity(n_dims as usize);
+            for d in 0..n_dims {
+                ne.push(r.u64(&|| format!("dimension {d} of tensor {name}"))?);
+            }
+            let type_id = r.u32(&|| format!("the type of tensor {name}"))?;
+            let offset = r.u64(&|| format!("the offset of tensor {name}"))?;
+            if name.len() > MAX_TENSOR_NAME {
+                return Err(r.bad_tensor(
+                    &name,
+                    format!("has a name of {} bytes (at most {MAX_TENSOR_NAME})", name.len()),
+                ));
+            }
+            if tensor_index.insert(name.clone(), raws.len()).is_some() {
+                return Err(r.bad_tensor(&name, "appears twice in the tensor table".into()));
+            }
+            raws.push(Raw {
+                name,
+                ne,
+                type_id,
+                offset,
+            });
+        }
+
+        // The data section starts at the next multiple of the alignment.
+        let header_end = r.pos as u64;
+        let data_start = header_end
+            .checked_next_multiple_of(alignment)
+            .filter(|&s| n_tensors == 0 || s <= file_len)
+            .ok_or_else(|| GgufError::Truncated {
+                path: path.to_path_buf(),
+                what: "the tensor data section".into(),
+                offset: header_end,
+                needed: alignment,
+                file_len,
+            })?;
+
+        let mut tensors = Vec::with_capacity(raws.len());
+        for raw in raws {
+            let bad = |problem: String| GgufError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: raw.name.clone(),
+                problem,
+            };
+            // Dimensions: each must fit ggml's int64, and so must their product.
+            let mut elems: u64 = 1;
+            for &d in &raw.ne {
+                elems = elems
+                    .checked_mul(d)
+                    .filter(|&e| e <= i64::MAX as u64)
+                    .ok_or_else(|| bad(format!("has dimensions {:?} whose product overflows", raw.ne)))?;
+            }
+            let dtype = DType::from_ggml(raw.type_id).ok_or_else(|| {
+                let description = match ggml_type_name(raw.type_id) {
+                    Some(n) => format!(
+                        "ggml type {} ({n}), which Kiln does not read (supported: {SUPPORTED_TYPES})",
+                        raw.type_id
+                    ),
+                    None => format!("unknown ggml type {}", raw.type_id),
+                };
+                GgufError::UnknownType {
+                    path: path.to_path_buf(),
+                    tensor: raw.name.clone(),
+                    type_id: raw.type_id,
+                    description,
+                }
+            })?;
+            let row = raw.ne.first().copied().unwrap_or(1);
+            let block = dtype.block_elems() as u64;
+            if row % block != 0 {
+                return Err(bad(format!(
+                    "has rows of {row} elements, not a multiple of the {dtype} block size {block}"
+                )));
+            }
+            let size = (elems / block)
+                .checked_mul(dtype.block_bytes() as u64)
+                .ok_or_else(|| bad(format!("has dimensions {:?} too large to address", raw.ne)))?;
+            if raw.offset % alignment != 0 {
+                return Err(bad(format!(
+                    "has offset {}, not a multiple of the alignment {alignment}",
+                    raw.offset
+                )));
+            }
+            let start = data_start.checked_add(raw.offset);
+            let end = start.and_then(|s| s.checked_add(size));
+            match (start, end) {
+                (Some(start), Some(end)) if end <= file_len => tensors.push(TensorInfo {
+                    name: raw.name,
+                    ne: raw.ne,
+                    type_id: raw.type_id,
+                    dtype,
+                    offset: raw.offset,
+                    start,
+                    size,
+                }),
+                _ => {
+                    return Err(GgufError::TensorPastEnd {
+                        path: path.to_path_buf(),
+                        tensor: raw.name,
+                        offset: data_start.saturating_add(raw.offset),
+                        size,
+                        file_len,
+                    });
+                }
+            }
+        }
+
+        Ok(GgufHeader {
+            version,
+            alignment,
+            data_start,
+            file_len,
+            metadata,
+            tensors,
+            key_index,
+            tensor_index,
+        })
+    }
+}
+
+/// Capacity reserved up front for `count` entries read one by one: a checked count still only
+/// bounds the entries by the file size, and an entry in memory (a `String`, a key-value pair) is
+/// larger than its smallest encoding, so larger vectors grow as entries are actually read.
+fn reserve(count: u64) -> usize {
+    count.min(4096) as usize
+}
+
+/// How a wrong magic reads in a message: printable ASCII quoted, anything else as hex bytes.
+fn describe_magic(found: &[u8]) -> String {
+    if found.is_empty() {
+        "an empty file".into()
+    } else if found.len() < 4 {
+        format!("a file of {} bytes", found.len())
+    } else if found.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        format!("\"{}\"", String::from_utf8_lossy(found))
+    } else {
+        found.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// A bounds-checked little-endian cursor over the file.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    fn truncated(&self, what: String, needed: u64) -> GgufError {
+        GgufError::Truncated {
+            path: self.path.to_path_buf(),
+            what,
+            offset: self.pos as u64,
+            needed,
+            file_len: self.buf.len() as u64,
+        }
+    }
+
+    fn malformed(&self, problem: String) -> GgufError {
+        GgufError::Malformed {
+            path: self.path.to_path_buf(),
+            problem,
+        }
+    }
+
+    fn bad_tensor(&self, name: &str, problem: String) -> GgufError {
+        GgufError::BadTensor {
+            path: self.path.to_path_buf(),
+            tensor: name.to_string(),
+            problem,
+        }
+    }
+
+    /// Fails unless `count` items of at least `min_size` bytes each fit in what remains.
+    fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<(), GgufError> {
+        let needed = count.saturating_mul(min_size);
+        if needed > self.remaining() {
+            return Err(self.truncated(format!("{count} {what}"), needed));
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
+        if n > self.remaining() {
+            return Err(self.truncated(what(), n));
+        }
+        let start = self.pos;
+        self.pos += n as usize;
+        Ok(&self.buf[start..self.pos])
+    }
+
+    fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
+        let bytes = self.take(N as u64, what)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+
+    fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
+        let len = self.u64(what)?;
+        let bytes = self.take(len, what)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_string()),
+            Err(e) => Err(self.malformed(format!("{} is not valid UTF-8 ({e})", what()))),
+        }
+    }
+
+    /// One value of type `vt` (an element of an array when `depth > 0`).
+    fn value(&mut self, vt: ValueType, key: &str, depth: usize) -> Result<Value, GgufError> {
+        let what = || format!("the value of metadata key \"{key}\"");
+        Ok(match vt {
+            ValueType::U8 => Value::U8(u8::from_le_bytes(self.array(&what)?)),
+            ValueType::I8 => Value::I8(i8::from_le_bytes(self.array(&what)?)),
+            ValueType::U16 => Value::U16(u16::from_le_bytes(self.array(&what)?)),
+            ValueType::I16 => Value::I16(i16::from_le_bytes(self.array(&what)?)),
+            ValueType::U32 => Value::U32(u32::from_le_bytes(self.array(&what)?)),
+            ValueType::I32 => Value::I32(i32::from_le_bytes(self.array(&what)?)),
+            ValueType::F32 => Value::F32(f32::from_le_bytes(self.array(&what)?)),
+            ValueType::U64 => Value::U64(u64::from_le_bytes(self.array(&what)?)),
+            ValueType::I64 => Value::I64(i64::from_le_bytes(self.array(&what)?)),
+            ValueType::F64 => Value::F64(f64::from_le_bytes(self.array(&what)?)),
+            ValueType::Bool => Value::Bool(self.bool(key)?),
+            ValueType::String => Value::String(self.string(&what)?),
+            ValueType::Array => Value::Array(self.array_value(key, depth + 1)?),
+        })
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool, GgufError> {
+        let [b] = self.array(&|| format!("the value of metadata key \"{key}\""))?;
+        match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(self.malformed(format!(
+                "metadata key \"{key}\" has a bool of value {b} (expected 0 or 1)"
+            ))),
+        }
+    }
+
+    fn array_value(&mut self, key: &str, depth: usize) -> Result<Array, GgufError> {
+        if depth > MAX_ARRAY_DEPTH {
+            return Err(self.malformed(format!(
+                "metadata key \"{key}\" nests arrays deeper than {MAX_ARRAY_DEPTH} levels"
+            )));
+        }
+        let what = || format!("the array header of metadata key \"{key}\"");
+        let type_id = self.u32(&what)?;
+        let Some(et) = ValueType::from_id(type_id) else {
+            return Err(self.malformed(format!(
+                "metadata key \"{key}\" is an array of unknown value type {type_id}"
+            )));
+        };
+        let count = self.u64(&what)?;
+        self.check_count(
+            count,
+            et.min_size(),
+            &format!("{et} elements of metadata key \"{key}\""),
+        )?;
+        let n = count as usize;
+        // `count` elements of `min_size` bytes fit in the file, so each vector below is at most
+        // as long as the file (and a fixed-size one is filled from exactly that many bytes).
+        macro_rules! fixed {
+            ($variant:ident, $t:ty) => {{
+                let size = std::mem::size_of::<$t>();
+                let bytes = self.take((n * size) as u64, &what)?;
+                Array::$variant(
+                    bytes
+                        .chunks_exact(size)
+                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk of the type's size")))
+                        .collect(),
+                )
+            }};
+        }
+        Ok(match et {
+            ValueType::U8 => Array::U8(self.take(count, &what)?.to_vec()),
+            ValueType::I8 => fixed!(I8, i8),
+            ValueType::U16 => fixed!(U16, u16),
+            ValueType::I16 => fixed!(I16, i16),
+            ValueType::U32 => fixed!(U32, u32),
+            ValueType::I32 => fixed!(I32, i32),
+            ValueType::F32 => fixed!(F32, f32),
+            ValueType::U64 => fixed!(U64, u64),
+            ValueType::I64 => fixed!(I64, i64),
+            ValueType::F64 => fixed!(F64, f64),
+            ValueType::Bool => {
+                let mut v = Vec::with_capacity(reserve(count));
+                for _ in 0..n {
+                    v.push(self.bool(key)?);
+                }
+                Array::Bool(v)
+            }
+            ValueType::String => {
+                let mut v = Vec::with_capacity(reserve(count));
+                for i in 0..n {
+                    v.push(self.string(&|| format!("element {i} of metadata key \"{key}\""))?);
+                }
+                Array::String(v)
+            }
+            ValueType::Array => {
+                let mut v = Vec::with_capacity(reserve(count));
+                for _ in 0..n {
+                    v.push(self.array_value(key, depth + 1)?);
+                }
+                Array::Array(v)
+            }
+        })
+    }
+}

@@ -1,0 +1,279 @@
+//! The tensors of a GGUF file, memory-mapped, with llama-architecture q/k rows put back in
+//! Hugging Face order.
+//!
+//! Every tensor is read in place from the read-only memory map, except the query and key
+//! projections (and their biases) of `llama`-architecture files: those are copied once, at
+//! load, with their rows reordered (see [`super::permute`]). The copy lives as long as the
+//! [`GgufWeights`] and is 64-byte aligned.
+//!
+//! Alignment: tensor data in the map starts at `data_start + offset`, both multiples of the
+//! file's alignment (32 by default) and the map is page-aligned, so every tensor begins at a
+//! multiple of 32 bytes. A file declaring a smaller `general.alignment` would break that; such
+//! a tensor is copied into an aligned buffer at load, so every [`GgufTensor::ptr`] is 32-byte
+//! aligned whatever the file.
+
+use super::dequant;
+use super::error::GgufError;
+use super::model::{gguf_tensor_name, qk_permuted};
+use super::parse::{GgufHeader, TensorInfo};
+use super::permute::{reorder_rows, unpermute_rows};
+use kiln_core::weights::weight_list;
+use kiln_core::{DType, LayerWeight, ModelSpec, WeightId};
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The alignment every tensor's data is guaranteed to have.
+pub const TENSOR_ALIGN: usize = 32;
+
+/// One model tensor, borrowed from [`GgufWeights`].
+#[derive(Clone, Copy, Debug)]
+pub struct GgufTensor<'a> {
+    /// The tensor's name in the file (`blk.0.attn_q.weight`).
+    pub name: &'a str,
+    pub dtype: DType,
+    /// Outermost dimension first (the reverse of GGUF's `ne`), as in `weight_list`.
+    pub shape: &'a [usize],
+    /// The raw data: `dtype.bytes_for(elems)` bytes, rows in Hugging Face order, starting at a
+    /// multiple of [`TENSOR_ALIGN`] bytes. Valid, at the same address, as long as the
+    /// [`GgufWeights`] lives (moving it does not move the data).
+    pub data: &'a [u8],
+    /// Whether `data` is a reordered copy (llama q/k) rather than the file's bytes.
+    pub reordered: bool,
+}
+
+impl GgufTensor<'_> {
+    /// Address of the first byte, valid for [`Self::len_bytes`] bytes while the
+    /// [`GgufWeights`] lives.
+    pub fn ptr(&self) -> *const u8 {
+        self.data.as_ptr()
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// 64 bytes, 64-byte aligned: the unit of owned tensor copies.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// An owned, 64-byte-aligned byte buffer.
+struct AlignedBuf {
+    lines: Box<[Line]>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn zeroed(len: usize) -> AlignedBuf {
+        AlignedBuf {
+            lines: vec![Line([0; 64]); len.div_ceil(64)].into_boxed_slice(),
+            len,
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `lines` is `len.div_ceil(64) * 64 >= len` initialised bytes (`Line` is
+        // `repr(C)` around a byte array, so without padding); the borrow is tied to `self`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, with exclusive access through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[derive(Debug)]
+enum Storage {
+    /// `start..end` of the map.
+    Mapped { start: usize, end: usize },
+    /// A reordered or re-aligned copy.
+    Owned { buf: AlignedBuf, reordered: bool },
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// Index into the header's tensor table.
+    info: usize,
+    shape: Vec<usize>,
+    storage: Storage,
+}
+
+/// The model tensors of one GGUF file: mapped, checked against a [`ModelSpec`], q/k rows in
+/// Hugging Face order. See the module documentation.
+#[derive(Debug)]
+pub struct GgufWeights {
+    path: PathBuf,
+    map: Mmap,
+    header: GgufHeader,
+    spec: ModelSpec,
+    entries: HashMap<WeightId, Entry>,
+    reordered_bytes: usize,
+}
+
+impl GgufWeights {
+    /// Binds the tensors of `weight_list(spec)` in `map` (whose parsed header is `header`),
+    /// checking each for presence, shape and storage type, and reorders the q/k rows of
+    /// llama-architecture models.
+    pub fn new(path: &Path, map: Mmap, header: GgufHeader, spec: &ModelSpec) -> Result<GgufWeights, GgufError> {
+        super::model::check_tensors(&header, spec, path, true)?;
+        let mut entries = HashMap::new();
+        let mut reordered_bytes = 0;
+        let index: HashMap<&str, usize> = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        for req in weight_list(spec) {
+            let name = gguf_tensor_name(req.id);
+            // Present: `check_tensors` passed.
+            let Some(&i) = index.get(name.as_str()) else {
+                continue;
+            };
+            let t: &TensorInfo = &header.tensors[i];
+            // The header was parsed from this map, so these are in bounds.
+            let (start, end) = (t.start as usize, (t.start + t.size) as usize);
+            let bytes = &map[start..end];
+            let heads = match req.id {
+                WeightId::Layer(_, LayerWeight::Q | LayerWeight::QBias) => Some(spec.num_heads),
+                WeightId::Layer(_, LayerWeight::K | LayerWeight::KBias) => Some(spec.num_kv_heads),
+                _ => None,
+            };
+            let storage = match heads {
+                Some(heads) if qk_permuted(spec.arch) => {
+                    let rows = req.shape[0];
+                    let mapping = unpermute_rows(rows, heads).ok_or_else(|| GgufError::InvalidModel {
+                        path: path.to_path_buf(),
+                        message: format!("tensor {name} has {rows} rows, not a multiple of 2 x {heads} heads"),
+                    })?;
+                    let mut buf = AlignedBuf::zeroed(bytes.len());
+                    reorder_rows(bytes, buf.as_mut_slice(), bytes.len() / rows, &mapping);
+                    reordered_bytes += bytes.len();
+                    Storage::Owned { buf, reordered: true }
+                }
+                _ if !(bytes.as_ptr() as usize).is_multiple_of(TENSOR_ALIGN) => {
+                    let mut buf = AlignedBuf::zeroed(bytes.len());
+                    buf.as_mut_slice().copy_from_slice(bytes);
+                    Storage::Owned { buf, reordered: false }
+                }
+                _ => Storage::Mapped { start, end },
+            };
+            entries.insert(
+                req.id,
+                Entry {
+                    info: i,
+                    shape: req.shape.clone(),
+                    storage,
+                },
+            );
+        }
+        Ok(GgufWeights {
+            path: path.to_path_buf(),
+            map,
+            header,
+            spec: spec.clone(),
+            entries,
+            reordered_bytes,
+        })
+    }
+
+    /// The file these weights were read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The parsed header (metadata and the full tensor table).
+    pub fn header(&self) -> &GgufHeader {
+        &self.header
+    }
+
+    /// The spec these weights were checked against.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Bytes copied at load to put llama q/k rows in Hugging Face order.
+    pub fn reordered_bytes(&self) -> usize {
+        self.reordered_bytes
+    }
+
+    /// Size of the mapped file.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
+    /// Face order. With tied embeddings, [`WeightId::LmHead`] resolves to the embedding table.
+    pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {
+        let id = match id {
+            WeightId::LmHead if self.spec.tie_word_embeddings => WeightId::Embed,
+            id => id,
+        };
+        let entry = self.entries.get(&id).ok_or_else(|| GgufError::MissingTensor {
+            path: self.path.clone(),
+            tensor: gguf_tensor_name(id),
+            weight: id.hf_name(),
+        })?;
+        let info = &self.header.tensors[entry.info];
+        let (data, reordered) = match &entry.storage {
+            Storage::Mapped { start, end } => (&self.map[*start..*end], false),
+            Storage::Owned { buf, reordered } => (buf.as_slice(), *reordered),
+        };
+        Ok(GgufTensor {
+            name: &info.name,
+            dtype: info.dtype,
+            shape: &entry.shape,
+            data,
+            reordered,
+        })
+    }
+
+    /// The raw bytes of any tensor of the file by its GGUF name, as stored (not reordered).
+    pub fn raw(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
+        let t = self.header.tensor(name)?;
+        Some((t, &self.map[t.start as usize..(t.start + t.size) as usize]))
+    }
+
+    /// The weight `id` converted to `target` (F32 or BF16): little-endian values in Hugging
+    /// Face row order, outermost dimension first, as a safetensors file would hold them. For
+    /// `--dequantize`.
+    pub fn dequantize_to(&self, id: WeightId, target: DType) -> Result<Vec<u8>, GgufError> {
+        if !matches!(target, DType::F32 | DType::BF16) {
+            return Err(GgufError::InvalidRequest {
+                path: self.path.clone(),
+                message: format!("cannot dequantize to {target} (targets: f32, bf16)"),
+            });
+        }
+        let t = self.tensor(id)?;
+        let values = dequant::dequantize(t.dtype, t.data).map_err(|e| GgufError::InvalidRequest {
+            path: self.path.clone(),
+            message: format!("tensor {}: {e}", t.name),
+        })?;
+        Ok(match target {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            _ => values
+                .iter()
+                .flat_map(|&v| dequant::f32_to_bf16(v).to_le_bytes())
+                .collect(),
+        })
+    }
+}
+
+impl kiln_engine::engine::WeightSource for GgufWeights {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
+        self.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
+    }
+}

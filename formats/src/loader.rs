@@ -1,0 +1,171 @@
+//! One entry point for every model format: a Hugging Face folder (config.json + safetensors) or
+//! a GGUF file both become a [`Model`] — a spec, weights the engine can bind, a tokenizer and
+//! the ids that end generation.
+
+use crate::gguf::{self, GgufError, GgufWeights};
+use crate::model::{self, ModelError, Weights};
+use kiln_core::{DType, ModelSpec, WeightId, weights::weight_list};
+use kiln_engine::buffers::AlignedBuf;
+use kiln_engine::engine::WeightSource;
+use kiln_text::tokenizer::{Tokenizer, TokenizerError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Which front end read the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelFormat {
+    Safetensors,
+    Gguf,
+}
+
+impl ModelFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelFormat::Safetensors => "safetensors",
+            ModelFormat::Gguf => "gguf",
+        }
+    }
+}
+
+/// A model read, checked and ready to compile and bind.
+pub struct Model {
+    /// The folder (safetensors) or file (GGUF) the model was read from.
+    pub source: PathBuf,
+    pub format: ModelFormat,
+    /// `architectures[0]` of config.json, or `general.architecture` of a GGUF file.
+    pub architecture: String,
+    pub spec: ModelSpec,
+    pub weights: Arc<dyn WeightSource>,
+    pub tokenizer: Tokenizer,
+    /// Ids that end generation: the model's own and the tokenizer's, without duplicates.
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    /// Tensors converted at load (`dequantize`), with their original storage type.
+    pub converted: Vec<(WeightId, DType)>,
+}
+
+/// How to load a model.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Convert every quantised tensor to this float type at load (`--dequantize bf16|f32`).
+    pub dequantize: Option<DType>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("--dequantize takes bf16 or f32, not {0}")]
+    BadTarget(DType),
+}
+
+/// Reads the model at `path`: a GGUF file (recognised by its magic or its `.gguf` extension,
+/// so a damaged one is reported by the GGUF parser), a folder, or a folder's `config.json`.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
+    if let Some(t) = opts.dequantize
+        && !matches!(t, DType::F32 | DType::BF16)
+    {
+        return Err(LoadError::BadTarget(t));
+    }
+    let gguf_name = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if path.is_file() && (gguf_name || gguf::is_gguf(path)) {
+        load_gguf(path, opts)
+    } else {
+        load_safetensors(path)
+    }
+}
+
+fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
+    let loaded = model::load(path)?;
+    let tokenizer = Tokenizer::from_dir(&loaded.dir)?;
+    let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
+    Ok(Model {
+        source: loaded.dir,
+        format: ModelFormat::Safetensors,
+        architecture: loaded.config.architecture.clone(),
+        bos_token_id: loaded.config.bos_token_id,
+        spec: loaded.spec,
+        weights: Arc::new(SafetensorsWeights(loaded.weights)),
+        tokenizer,
+        eos_token_ids,
+        converted: Vec::new(),
+    })
+}
+
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
+    let g = gguf::load(path)?;
+    let architecture = g.spec.arch.name().to_string();
+    let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
+    let mut spec = g.spec;
+    let mut converted = Vec::new();
+    let weights: Arc<dyn WeightSource> = match opts.dequantize {
+        Some(target) => {
+            let mut bufs = HashMap::new();
+            for w in weight_list(&spec) {
+                if w.dtype.is_quantized() {
+                    let bytes = g.weights.dequantize_to(w.id, target)?;
+                    let mut buf = AlignedBuf::zeroed(bytes.len());
+                    // SAFETY: `buf` holds at least `bytes.len()` bytes and does not overlap `bytes`.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr(), bytes.len()) };
+                    bufs.insert(w.id, buf);
+                    converted.push((w.id, w.dtype));
+                }
+            }
+            for (id, _) in &converted {
+                spec.set_dtype(*id, target);
+            }
+            Arc::new(Dequantized { inner: g.weights, bufs })
+        }
+        None => Arc::new(g.weights),
+    };
+    Ok(Model {
+        source: path.to_path_buf(),
+        format: ModelFormat::Gguf,
+        architecture,
+        bos_token_id: g.bos_token_id,
+        spec,
+        weights,
+        tokenizer: g.tokenizer,
+        eos_token_ids,
+        converted,
+    })
+}
+
+fn merge_ids(first: &[u32], second: &[u32]) -> Vec<u32> {
+    let mut ids = first.to_vec();
+    for &id in second {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Safetensors weights as the engine sees them.
+struct SafetensorsWeights(Weights);
+
+impl WeightSource for SafetensorsWeights {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
+        self.0.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
+    }
+}
+
+/// GGUF weights with the quantised tensors replaced by float copies.
+struct Dequantized {
+    inner: GgufWeights,
+    bufs: HashMap<WeightId, AlignedBuf>,
+}
+
+impl WeightSource for Dequantized {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
+        match self.bufs.get(&id) {
+            Some(b) => Ok(b.as_ptr() as *const u8),
+            None => self.inner.weight_ptr(id),
+        }
+    }
+}

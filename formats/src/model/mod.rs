@@ -1,0 +1,92 @@
+//! Model front end: a Hugging Face model folder (`config.json`, optional
+//! `generation_config.json`, safetensors weights) into a validated [`ModelSpec`] and
+//! memory-mapped [`Weights`].
+//!
+//! ```no_run
+//! let model = kiln_formats::model::load(std::path::Path::new("/models/Qwen3-0.6B"))?;
+//! println!("{} layers, eos {:?}", model.spec.num_layers(), model.config.eos_token_ids);
+//! let embed = model.weights.tensor(kiln_core::WeightId::Embed)?;
+//! # Ok::<(), kiln_formats::model::ModelError>(())
+//! ```
+//!
+//! The spec's dimensions come from `config.json` (see [`config`] for how each field and its
+//! default is read); its storage types (`embed_dtype`, `final_norm_dtype`, `lm_head_dtype`, each
+//! layer's [`kiln_core::LayerDTypes`]) come from the tensors actually found in the files, after
+//! each has been checked for presence and shape. Every failure is one [`ModelError`] whose
+//! message names the file and the field or tensor concerned. No input makes this code panic.
+
+pub mod config;
+pub mod error;
+pub mod weights;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::ModelConfig;
+pub use error::ModelError;
+pub use weights::{TensorView, Weights};
+
+use kiln_core::{DType, ModelSpec};
+use std::path::{Path, PathBuf};
+
+/// A model folder, read and checked.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// The folder holding `config.json` and the weights.
+    pub dir: PathBuf,
+    /// Everything read from `config.json` / `generation_config.json`, BOS/EOS ids included.
+    pub config: ModelConfig,
+    /// The validated spec, with the storage type of each tensor as found in the files.
+    pub spec: ModelSpec,
+    /// The mapped weights, checked against `spec` ([`Weights::check`] passes).
+    pub weights: Weights,
+}
+
+/// Reads the model at `path`: a folder containing `config.json`, or the path of that
+/// `config.json` itself (the weights are then looked for next to it).
+pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
+    let (dir, config_path) = locate(path)?;
+    let config = ModelConfig::from_file(&config_path)?;
+    // The layout (which tensors, which shapes) is known from the config alone and checked
+    // first, so config mistakes are reported as such rather than as weight mismatches.
+    let layout = config.uniform_spec(DType::F32)?;
+    let weights = Weights::open(&dir)?;
+    let dtypes = weights.check_layout(&layout)?;
+    let spec = config.spec(|id| match dtypes.get(&id) {
+        Some(&dtype) => Ok(dtype),
+        // `check_layout` covered every tensor of the layout; ask the files again so that a
+        // mismatch between the two lists still gives a precise message instead of a panic.
+        None => weights.tensor(id).map(|t| t.dtype),
+    })?;
+    weights.check(&spec)?;
+    Ok(LoadedModel {
+        dir,
+        config,
+        spec,
+        weights,
+    })
+}
+
+/// Splits `path` into (model folder, config file).
+fn locate(path: &Path) -> Result<(PathBuf, PathBuf), ModelError> {
+    if path.is_dir() {
+        let config = path.join("config.json");
+        if config.is_file() {
+            Ok((path.to_path_buf(), config))
+        } else {
+            Err(ModelError::ConfigNotFound {
+                dir: path.to_path_buf(),
+            })
+        }
+    } else if path.is_file() {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok((dir, path.to_path_buf()))
+    } else {
+        Err(ModelError::NotFound {
+            path: path.to_path_buf(),
+        })
+    }
+}

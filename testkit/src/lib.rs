@@ -1,0 +1,3 @@
+//! Test helpers shared by several Kiln crates (dev-dependency only).
+
+pub mod fake_hub;
