@@ -59,7 +59,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let prepared = PreparedModel::open(&args.model, &opts)?;
     let prompt = synthetic_prompt(
         args.prompt_tokens,
-        prepared.spec.vocab_size.min(prepared.tokenizer.vocab_size().max(1)),
+        prepared
+            .spec
+            .dims
+            .vocab_size
+            .min(prepared.tokenizer.vocab_size().max(1)),
     );
     if args.print_prompt {
         println!("{}", serde_json::to_string(&prompt)?);
@@ -133,7 +137,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let (prefill_tok_s, decode_tok_s) = (median(&mut prefill), median(&mut decode));
     let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
     // Matmul flops per prompt token (the output head runs once per prefill, on the last row).
-    let head = 2 * spec.vocab_size as u64 * spec.hidden_size as u64;
+    let head = 2 * spec.dims.vocab_size as u64 * spec.dims.hidden_size as u64;
     let layer_flops: u64 = kiln_core::graph::block_graph(&spec, 1)
         .steps
         .iter()

@@ -723,7 +723,7 @@ impl Chat {
     /// The conversation plus `text` needs `tokens` positions, more than the context has.
     fn context_full(&mut self, text: &str, tokens: usize) {
         let ctx = self.session.engine.ctx();
-        let limit = self.session.spec.max_position_embeddings;
+        let limit = self.session.spec.dims.max_position_embeddings;
         let larger = if ctx < limit {
             format!(" or restart with a larger --ctx (this model allows up to {limit})")
         } else {

@@ -131,7 +131,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         anyhow::bail!(
             "the prompt has {} tokens but the context holds {ctx} (model limit {}); shorten the prompt or raise --ctx",
             prompt_ids.len(),
-            prepared.spec.max_position_embeddings
+            prepared.spec.dims.max_position_embeddings
         );
     }
     let mut session = prepared.into_session(&opts)?;
@@ -235,10 +235,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
         Lookup::Corrupt(reason) => format!("corrupt entry, will be rebuilt ({reason})"),
     };
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
-    let dtypes: std::collections::BTreeSet<String> = kiln_core::weights::weight_list(spec)
-        .iter()
-        .map(|w| w.dtype.to_string())
-        .collect();
+    let dtypes: std::collections::BTreeSet<String> = spec.weights.iter().map(|w| w.dtype.to_string()).collect();
     if as_json {
         println!(
             "{}",
@@ -262,36 +259,33 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
     println!(
         "architecture {} ({}, {})",
         loaded.architecture,
-        spec.arch.name(),
+        spec.arch,
         loaded.format.name()
     );
     println!("layers       {}", spec.num_layers());
     println!(
         "hidden       {} (intermediate {})",
-        spec.hidden_size, spec.intermediate_size
+        spec.dims.hidden_size, spec.dims.intermediate_size
     );
     println!(
         "attention    {} heads, {} kv heads, head_dim {}",
-        spec.num_heads, spec.num_kv_heads, spec.head_dim
+        spec.dims.num_heads, spec.dims.num_kv_heads, spec.dims.head_dim
     );
-    println!("vocabulary   {}", spec.vocab_size);
-    println!(
-        "context      {} positions, rope theta {}",
-        spec.max_position_embeddings, spec.rope.theta
-    );
+    println!("vocabulary   {}", spec.dims.vocab_size);
+    let rope = spec
+        .rope
+        .as_ref()
+        .map(|r| format!(", rope theta {} ({})", r.theta, r.scaling.name()))
+        .unwrap_or_else(|| ", learned positions".into());
+    println!("context      {} positions{rope}", spec.dims.max_position_embeddings);
     println!(
         "embeddings   {}",
-        if spec.tie_word_embeddings { "tied" } else { "untied" }
+        if spec.tied_embeddings() { "tied" } else { "untied" }
     );
     println!(
         "weights      {} ({})",
         dtypes.into_iter().collect::<Vec<_>>().join(", "),
-        human_bytes(
-            kiln_core::weights::weight_list(spec)
-                .iter()
-                .map(|w| w.bytes() as u64)
-                .sum()
-        )
+        human_bytes(spec.weight_bytes())
     );
     println!(
         "parameters   {} ({:.1} M)",
@@ -539,7 +533,7 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
         json!({
             "model": session.dir.display().to_string(),
             "prompt_token_ids": ids,
-            "hidden_size": session.spec.hidden_size,
+            "hidden_size": session.spec.dims.hidden_size,
             "all_tokens": args.all_tokens,
             "residuals": residuals,
             "logits": session.engine.logits(),

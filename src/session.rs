@@ -151,10 +151,10 @@ pub fn ensure_compiled(
         key: cache_key(spec, &options, host),
         kernels: kiln_compiler::model_kernels(spec, &options)?,
         options,
-        label: spec.arch.name().to_string(),
+        label: spec.arch.clone(),
         info: json!({
             "model": model_dir.display().to_string(),
-            "arch": spec.arch.name(),
+            "arch": spec.arch,
             "spec": spec,
         }),
     };

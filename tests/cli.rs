@@ -219,7 +219,7 @@ fn emit_mlir_and_asm_show_the_baked_constants() {
                 .unwrap()
                 .to_str()
                 .unwrap()
-                .starts_with("kiln_matmul_n1003_k64_bf16_norm_decode")
+                .starts_with("kiln_matmul_n1003_k64_bf16_rms_decode")
         })
         .expect("the output-head kernel's MLIR");
     let text = std::fs::read_to_string(head).unwrap();
@@ -257,7 +257,7 @@ fn info_and_cache_commands() {
     assert!(o.status.success(), "{}", stderr(&o));
     let info: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(info["cache_state"], "not compiled");
-    assert_eq!(info["spec"]["hidden_size"], 64);
+    assert_eq!(info["spec"]["dims"]["hidden_size"], 64);
     assert!(info["parameters"].as_u64().unwrap() > 100_000);
     // Untied: both embedding and head are read per token... only one embedding row.
     assert!(info["weight_bytes_per_token"].as_u64().unwrap() < 2 * info["parameters"].as_u64().unwrap());

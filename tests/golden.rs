@@ -270,7 +270,7 @@ fn layer_by_layer_prefill_matches_prefill() {
     assert!(
         layers
             .iter()
-            .all(|l| l.len() == ids.len() && l[0].len() == session.spec.hidden_size)
+            .all(|l| l.len() == ids.len() && l[0].len() == session.spec.dims.hidden_size)
     );
     assert_eq!(
         session.engine.logits(),

@@ -302,6 +302,83 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn sin(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("math.sin", &[a], a.r#type(), &[])
     }
+    /// A constant of `x`'s shape (scalar or splat).
+    pub fn f32_like(&self, x: Value<'c, '_>, v: f32) -> Value<'c, 'a> {
+        self.f32_splat_or_scalar(v, lanes_of(x))
+    }
+    /// `v` as a scalar (`lanes = 1`) or splat over `lanes`.
+    pub fn f32_splat_or_scalar(&self, v: f32, lanes: usize) -> Value<'c, 'a> {
+        match lanes {
+            1 => self.f32c(v),
+            n => self.f32_splat(v, n),
+        }
+    }
+    /// `tanh(x)`, vectorised (LLVM would call the scalar `tanhf` per lane), as Cephes' `tanhf`
+    /// computes it: `x + x^3 P(x^2)` below `|x| = 0.625`, `1 - 2 / (e^{2|x|} + 1)` with the
+    /// sign of `x` above; about 2 ulp. Saturates to ±1 for large `|x|`.
+    pub fn tanh(&self, x: Value<'c, '_>) -> Value<'c, 'a> {
+        let c = |v: f32| self.f32_like(x, v);
+        let ax = self.op1("math.absf", &[x], x.r#type(), &[]);
+        // Large: 1 - 2 / (exp(2|x|) + 1), with `exp` clamped so it stays finite.
+        let e = self.exp(self.mulf(ax, c(2.0)));
+        let large = self.subf(c(1.0), self.divf(c(2.0), self.addf(e, c(1.0))));
+        let large = self.op1("math.copysign", &[large, x], x.r#type(), &[]);
+        // Small: x + x * z * P(z), z = x^2.
+        let z = self.mulf(x, x);
+        let mut p = c(-5.704_988_7e-3);
+        for coeff in [2.063_909e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1] {
+            p = self.fma(p, z, c(coeff));
+        }
+        let small = self.fma(self.mulf(p, z), x, x);
+        let is_small = self.cmpf("olt", ax, c(0.625));
+        self.select(is_small, small, large)
+    }
+    /// `erf(x)`, vectorised: Eigen's rational approximation for f32 (`x` clamped to ±4, where
+    /// `erf` is ±1 in f32), a few ulp.
+    pub fn erf(&self, x: Value<'c, '_>) -> Value<'c, 'a> {
+        let c = |v: f32| self.f32_like(x, v);
+        let x = self.fop("arith.minimumf", x, c(4.0), false);
+        let x = self.fop("arith.maximumf", x, c(-4.0), false);
+        let x2 = self.mulf(x, x);
+        let mut p = c(-2.726_142_3e-10);
+        for coeff in [
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_600_5e-3,
+            -1.609_603_3e-2,
+        ] {
+            p = self.fma(x2, p, c(coeff));
+        }
+        let p = self.mulf(x, p);
+        let mut q = c(-1.456_607_2e-5);
+        for coeff in [-2.133_740_6e-4, -1.682_827e-3, -7.373_329_2e-3, -1.426_474e-2] {
+            q = self.fma(x2, q, c(coeff));
+        }
+        self.divf(p, q)
+    }
+    /// An ordered float comparison (`oeq`, `ogt`, `oge`, `olt`, `ole`), scalar or lane-wise.
+    pub fn cmpf(&self, pred: &str, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        let code = match pred {
+            "oeq" => 1,
+            "ogt" => 2,
+            "oge" => 3,
+            "olt" => 4,
+            "ole" => 5,
+            other => panic!("unknown float predicate {other}"),
+        };
+        let ty = match lanes_of(a) {
+            1 => self.ty("i1"),
+            n => self.ty(&format!("vector<{n}xi1>")),
+        };
+        self.op1(
+            "arith.cmpf",
+            &[a, b],
+            ty,
+            &[("predicate", self.attr(&format!("{code} : i64")))],
+        )
+    }
 
     // ---- vectors -------------------------------------------------------------------------------
 

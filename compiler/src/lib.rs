@@ -110,36 +110,10 @@ pub fn kernel_list(spec: &ModelSpec, options: &CompileOptions) -> Vec<Kernel> {
 /// The kernels for `spec`, or an error naming a weight whose storage type has no kernel.
 ///
 /// Weight matrices (embedding, projections, output head) may be stored in any GGML block format
-/// whose block divides their rows; norms and biases must be f32, f16 or bf16.
+/// whose block divides their rows; norms and biases must be f32, f16 or bf16 (see
+/// [`ModelSpec::validate`]).
 pub fn model_kernels(spec: &ModelSpec, options: &CompileOptions) -> Result<Vec<Kernel>, CompileError> {
-    use kiln_core::{LayerWeight as L, WeightId};
-    for w in kiln_core::weights::weight_list(spec)
-        .iter()
-        .filter(|w| w.dtype.is_quantized())
-    {
-        let matrix = matches!(
-            w.id,
-            WeightId::Embed
-                | WeightId::LmHead
-                | WeightId::Layer(_, L::Q | L::K | L::V | L::O | L::Gate | L::Up | L::Down)
-        );
-        if !matrix {
-            return Err(CompileError::Setup(format!(
-                "{} is stored as {}: quantised storage is supported for weight matrices, not for norms or biases; \
-                 load the model with dequantisation to bf16 or f32",
-                w.id, w.dtype
-            )));
-        }
-        let row = w.shape[w.shape.len() - 1];
-        if !w.dtype.fits(row) {
-            return Err(CompileError::Setup(format!(
-                "{} is stored as {} with rows of {row} values, not a whole number of {}-value blocks",
-                w.id,
-                w.dtype,
-                w.dtype.block_elems()
-            )));
-        }
-    }
+    spec.validate().map_err(CompileError::Setup)?;
     Ok(kernel_list(spec, options))
 }
 

@@ -4,7 +4,11 @@
 
 use crate::{CompileRequest, compile, kernel_list};
 use kiln_core::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
-use kiln_core::{Arch, CompileOptions, DType, HostCpu, Kernel, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
+use kiln_core::arch::{Attend, Builder, Format};
+use kiln_core::graph::{Norm, OpKind, QkNormOp};
+use kiln_core::{
+    Act, CompileOptions, DType, Dims, F32Bits, HostCpu, Kernel, ModelSpec, NormKind, Pairing, Rope, RopeScaling,
+};
 use std::sync::OnceLock;
 
 mod quant;
@@ -18,45 +22,125 @@ const VOCAB: usize = 100;
 const CTX: usize = 64;
 const ROWS: usize = 8;
 
+/// A two-layer Llama-style model built op by op, with what varies between the layers chosen
+/// to give a varied kernel set: layer 0 bf16 with q/k/v biases (q's in f32), layer 1 f32 with
+/// f16 q/k/v, an f32 output-projection bias and a sliding window; tied bf16 embeddings.
 fn spec(qk_norm: bool, window: Option<usize>) -> ModelSpec {
-    let mut l0 = LayerDTypes::uniform(DType::BF16, true, false, qk_norm);
-    let mut l1 = LayerDTypes::uniform(DType::F32, false, true, qk_norm);
-    l1.q = DType::F16;
-    l1.k = DType::F16;
-    l1.v = DType::F16;
-    l0.q_bias = Some(DType::F32);
-    ModelSpec {
-        arch: Arch::Qwen2,
+    let dims = Dims {
         hidden_size: H,
         intermediate_size: I,
+        num_layers: 2,
         num_heads: HEADS,
         num_kv_heads: KV,
         head_dim: D,
         vocab_size: VOCAB,
         max_position_embeddings: CTX,
-        rms_norm_eps: 1e-6,
-        rope: Rope {
-            theta: 10000.0,
-            scaling: RopeScaling::None,
-        },
-        tie_word_embeddings: true,
-        attention_bias: true,
-        o_bias: false,
-        qk_norm,
-        embed_dtype: DType::BF16,
-        final_norm_dtype: DType::F32,
-        lm_head_dtype: DType::BF16,
-        layers: vec![
-            LayerSpec {
-                sliding_window: None,
-                dtypes: l0,
-            },
-            LayerSpec {
-                sliding_window: window,
-                dtypes: l1,
-            },
-        ],
+    };
+    let mut b = Builder::new("test", dims, Format::HuggingFace);
+    let embed = b.matrix("embed".into(), VOCAB, H);
+    let (tokens, x) = (b.tokens(), b.residual());
+    b.op(OpKind::Embed {
+        tokens,
+        table: embed,
+        out: x,
+        scale: None,
+        positions: None,
+    });
+    let rotary = Rope {
+        theta: 10000.0,
+        scaling: RopeScaling::None,
     }
+    .rotary(D, Pairing::Half);
+    let rms = |w| Norm {
+        kind: NormKind::Rms,
+        eps: F32Bits::new(1e-6),
+        weight: w,
+        bias: None,
+    };
+    for l in 0..2 {
+        b.layer(l);
+        let v = |b: &mut Builder, n: &str, len| Some(b.vector(format!("{l}.{n}"), len));
+        let attn_norm = b.vector(format!("{l}.attn_norm"), H);
+        let w: Vec<_> = [
+            ("q", HEADS * D, H),
+            ("k", KV * D, H),
+            ("v", KV * D, H),
+            ("o", H, HEADS * D),
+        ]
+        .iter()
+        .map(|&(n, r, c)| b.matrix(format!("{l}.{n}"), r, c))
+        .collect();
+        let qkv_bias: Vec<_> = if l == 0 {
+            vec![
+                v(&mut b, "bq", HEADS * D),
+                v(&mut b, "bk", KV * D),
+                v(&mut b, "bv", KV * D),
+            ]
+        } else {
+            vec![None, None, None]
+        };
+        let o_bias = if l == 1 { v(&mut b, "bo", H) } else { None };
+        let qk = qk_norm.then(|| QkNormOp {
+            kind: NormKind::Rms,
+            eps: F32Bits::new(1e-6),
+            q: b.vector(format!("{l}.qn"), D),
+            k: b.vector(format!("{l}.kn"), D),
+        });
+        let mlp_norm = b.vector(format!("{l}.mlp_norm"), H);
+        let (wg, wu, wd) = (
+            b.matrix(format!("{l}.gate"), I, H),
+            b.matrix(format!("{l}.up"), I, H),
+            b.matrix(format!("{l}.down"), H, I),
+        );
+        let xn = b.buffer("xn", H);
+        let bufs = [b.buffer("q", HEADS * D), b.buffer("k", KV * D), b.buffer("v", KV * D)];
+        let attn = b.buffer("attn", HEADS * D);
+        b.norm(x, xn, rms(attn_norm), false);
+        for i in 0..3 {
+            let (wi, bi) = (b.whole(w[i]), qkv_bias[i].map(|id| b.whole(id)));
+            b.linear(xn, wi, bi, bufs[i], false);
+        }
+        let attend = Attend {
+            heads: HEADS,
+            kv_heads: KV,
+            head_dim: D,
+            rotary: Some(rotary.clone()),
+            qk_norm: qk,
+            window: if l == 1 { window } else { None },
+            scale: Attend::default_scale(D),
+            softcap: None,
+        };
+        b.attend(&attend, bufs[0], bufs[1], bufs[2], attn);
+        let (wo, bo) = (b.whole(w[3]), o_bias.map(|id| b.whole(id)));
+        b.linear(attn, wo, bo, x, true);
+        b.norm(x, xn, rms(mlp_norm), false);
+        let (gate, up) = (b.buffer("gate", I), b.buffer("up", I));
+        let (wg, wu, wd) = (b.whole(wg), b.whole(wu), b.whole(wd));
+        b.linear(xn, wg, None, gate, false);
+        b.linear(xn, wu, None, up, false);
+        b.op(OpKind::GatedAct {
+            gate,
+            up,
+            act: Act::Silu,
+        });
+        b.linear(gate, wd, None, x, true);
+    }
+    b.head();
+    let final_norm = b.vector("norm".into(), H);
+    let (xn, logits) = (b.buffer("xn", H), b.logits());
+    b.norm(x, xn, rms(final_norm), false);
+    let head = b.whole(embed);
+    b.linear(xn, head, None, logits, false);
+    let mut spec = b.finish().expect("a valid test spec");
+    for t in &mut spec.weights {
+        t.dtype = match (t.layer, t.name.rsplit('.').next()) {
+            (None, Some("norm")) | (Some(_), Some("bq" | "bo")) => DType::F32,
+            (Some(1), Some("q" | "k" | "v")) => DType::F16,
+            (Some(1), _) => DType::F32,
+            _ => DType::BF16,
+        };
+    }
+    spec
 }
 
 /// A library compiled from a list of kernels into a temporary folder, and loaded.
@@ -94,32 +178,23 @@ impl TestLib {
 
     /// Calls a kernel once per thread id, in turn (threads only partition the work).
     fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
-        let mut p = [std::ptr::null_mut(); PTR_ARGS];
-        p[..ptrs.len()].copy_from_slice(ptrs);
         // The call's work counter, shared by its threads and zero when the call starts.
         let mut work = [0u64; WORK_COUNTER_BYTES / 8];
-        p[WORK_COUNTER_ARG] = work.as_mut_ptr() as *mut u8;
+        let p = slots(ptrs, work.as_mut_ptr() as *mut u8);
         let f = self.get(k);
         for tid in 0..nth {
             // SAFETY: ABI signature; the buffers match the kernel's shapes.
-            unsafe {
-                f(
-                    p[0],
-                    p[1],
-                    p[2],
-                    p[3],
-                    p[4],
-                    p[5],
-                    p[6],
-                    p[7],
-                    rows as i64,
-                    pos as i64,
-                    tid as i64,
-                    nth as i64,
-                )
-            };
+            unsafe { kiln_core::abi::invoke(*f, p, rows as i64, pos as i64, tid as i64, nth as i64) };
         }
     }
+}
+
+/// The ABI's pointer slots: `ptrs` first, `work` in the work counter's slot, the rest null.
+fn slots(ptrs: &[*mut u8], work: *mut u8) -> [*mut u8; PTR_ARGS] {
+    let mut a = [std::ptr::null_mut(); PTR_ARGS];
+    a[..ptrs.len()].copy_from_slice(ptrs);
+    a[WORK_COUNTER_ARG] = work;
+    a
 }
 
 struct Compiled {
@@ -247,6 +322,7 @@ fn matmul_all_dtypes_prefill_and_decode() {
             accumulate,
             norm,
             max_rows,
+            ..
         } = *k
         else {
             unreachable!()
@@ -374,10 +450,10 @@ fn rmsnorm_embed_and_silu() {
             folded,
             !c.kernels
                 .iter()
-                .any(|k| matches!(k, Kernel::RmsNorm { max_rows: m, .. } | Kernel::SiluMul { max_rows: m, .. } if *m == max_rows))
+                .any(|k| matches!(k, Kernel::Norm { max_rows: m, .. } | Kernel::GatedAct { max_rows: m, .. } if *m == max_rows))
         );
         if !folded {
-            let k = c.find(|k| matches!(k, Kernel::RmsNorm { dim, wdtype: DType::BF16, max_rows: m, .. } if *dim == H && *m == max_rows));
+            let k = c.find(|k| matches!(k, Kernel::Norm { dim, norm, max_rows: m, .. } if norm.wdtype == DType::BF16 && *dim == H && *m == max_rows));
             let mut x = rng.vec(max_rows * H);
             let (mut wb, wv) = weights(&mut rng, H, DType::BF16);
             let mut y = vec![0f32; max_rows * H];
@@ -405,7 +481,7 @@ fn rmsnorm_embed_and_silu() {
         if folded {
             continue;
         }
-        let k = c.find(|k| matches!(k, Kernel::SiluMul { max_rows: m, .. } if *m == max_rows));
+        let k = c.find(|k| matches!(k, Kernel::GatedAct { max_rows: m, .. } if *m == max_rows));
         let mut g = rng.vec(max_rows * I).iter().map(|v| v * 6.0).collect::<Vec<_>>();
         let mut u = rng.vec(max_rows * I);
         let g0 = g.clone();
@@ -555,6 +631,8 @@ fn matmul_work_split_under_concurrency() {
             bias: None,
             accumulate: false,
             norm: None,
+            act: None,
+            softcap: None,
             max_rows: 1,
         },
         Kernel::MatMul {
@@ -564,6 +642,8 @@ fn matmul_work_split_under_concurrency() {
             bias: Some(DType::F32),
             accumulate: true,
             norm: None,
+            act: None,
+            softcap: None,
             max_rows: ROWS,
         },
     ];
@@ -605,25 +685,10 @@ fn matmul_work_split_under_concurrency() {
                     s.spawn(move || {
                         let p = |i: usize| addrs[i] as *mut u8;
                         let bias_ptr = if bias.is_some() { p(3) } else { std::ptr::null_mut() };
-                        let null = std::ptr::null_mut();
+                        let a = slots(&[p(0), p(1), p(2), bias_ptr], work_addr as *mut u8);
                         // SAFETY: ABI signature; buffers sized for the kernel; threads write
                         // disjoint outputs (the split hands each output to one thread).
-                        unsafe {
-                            f(
-                                p(0),
-                                p(1),
-                                p(2),
-                                bias_ptr,
-                                null,
-                                null,
-                                null,
-                                work_addr as *mut u8,
-                                rows as i64,
-                                0,
-                                tid as i64,
-                                nth as i64,
-                            )
-                        };
+                        unsafe { kiln_core::abi::invoke(**f, a, rows as i64, 0, tid as i64, nth as i64) };
                     });
                 }
             });

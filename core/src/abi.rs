@@ -3,13 +3,13 @@
 //! Every kernel symbol (see [`crate::kernel::Kernel::symbol`]) has the same C signature:
 //!
 //! ```text
-//! void kernel(ptr a0, ptr a1, ..., ptr a7, i64 rows, i64 pos, i64 thread_id, i64 n_threads)
+//! void kernel(ptr a0, ptr a1, ..., ptr a9, i64 rows, i64 pos, i64 thread_id, i64 n_threads)
 //! ```
 //!
-//! * `a0..a6` are raw pointers to the first element of each buffer (MLIR's bare-pointer memref
+//! * `a0..a8` are raw pointers to the first element of each buffer (MLIR's bare-pointer memref
 //!   convention: every buffer has a static shape baked into the kernel, so a pointer is enough).
 //!   Each kernel documents the meaning and order of its arguments; unused slots are null.
-//! * `a7` points at this call's *work counter*: [`WORK_COUNTER_BYTES`] bytes, zero when the call
+//! * `a9` points at this call's *work counter*: [`WORK_COUNTER_BYTES`] bytes, zero when the call
 //!   starts, shared by the threads of that call and by no other call. Kernels that hand out part
 //!   of their work dynamically claim chunks with an atomic increment of its first `i64`; others
 //!   ignore it. It is never null.
@@ -24,13 +24,14 @@
 //! The library also exports `uint32 kiln_abi_version(void)` returning [`ABI_VERSION`], checked
 //! when it is loaded. Any change to the above bumps the version, which enters the cache key.
 
-/// Version of the calling convention and buffer layout described above (2: the work counter).
-pub const ABI_VERSION: u32 = 2;
+/// Version of the calling convention and buffer layout described above (2: the work counter;
+/// 3: nine buffer slots, for kernels of the general graph with more inputs).
+pub const ABI_VERSION: u32 = 3;
 
 /// Pointer argument slots every kernel takes.
-pub const PTR_ARGS: usize = 8;
+pub const PTR_ARGS: usize = 10;
 
-/// Slots for buffers (`a0..a6`); the last slot is the work counter.
+/// Slots for buffers (`a0..a8`); the last slot is the work counter.
 pub const BUFFER_ARGS: usize = PTR_ARGS - 1;
 
 /// The slot holding the work counter.
@@ -43,8 +44,38 @@ pub const WORK_COUNTER_BYTES: usize = 64;
 pub const ABI_VERSION_SYMBOL: &str = "kiln_abi_version";
 
 /// The Rust type of every kernel symbol.
-pub type KernelFn =
-    unsafe extern "C" fn(*mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, *mut u8, i64, i64, i64, i64);
+pub type KernelFn = unsafe extern "C" fn(
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    *mut u8,
+    i64,
+    i64,
+    i64,
+    i64,
+);
 
 /// The Rust type of [`ABI_VERSION_SYMBOL`].
 pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
+
+/// Calls kernel `f` with the pointer slots `a` (work counter in [`WORK_COUNTER_ARG`]) and the
+/// run-time scalars: the one place that spells out the signature's arity.
+///
+/// # Safety
+/// `f` must be a kernel of a library built for this ABI version, and `a` must point at buffers
+/// and weights of the shapes the kernel was compiled for, with `rows`/`pos` within them.
+#[inline]
+pub unsafe fn invoke(f: KernelFn, a: [*mut u8; PTR_ARGS], rows: i64, pos: i64, thread_id: i64, n_threads: i64) {
+    // SAFETY: the caller guarantees `f` has this signature and the arguments fit it.
+    unsafe {
+        f(
+            a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], rows, pos, thread_id, n_threads,
+        )
+    }
+}

@@ -6,38 +6,26 @@
 //! on each variant; see [`crate::abi`] for the calling convention.
 
 use crate::dtype::DType;
+pub use crate::ops::F32Bits;
+use crate::ops::{Act, NormKind, NormShape, Rotary};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// An f32 stored by its bits, so kernels holding constants can be compared and hashed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct F32Bits(pub u32);
-
-impl F32Bits {
-    pub fn new(v: f32) -> Self {
-        F32Bits(v.to_bits())
-    }
-    pub fn get(self) -> f32 {
-        f32::from_bits(self.0)
-    }
-}
-
-/// Per-head RMSNorm applied to q and k before RoPE (Qwen3).
+/// Per-head normalisation of q and k before the rotary embedding (Qwen3, Gemma 3).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct QkNorm {
+    pub kind: NormKind,
     pub q_dtype: DType,
     pub k_dtype: DType,
     pub eps: F32Bits,
 }
 
-/// The RMSNorm of a decode row folded into the matmul that consumes it: every thread
-/// normalises the row into its own stack buffer before its share of the weight rows, with the
-/// instructions of the [`Kernel::RmsNorm`] kernel (so the values are bitwise those prefill
-/// computes), and the barrier a separate norm step would need disappears.
+/// Learned absolute position embeddings added by the embedding kernel (GPT-2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RowNorm {
-    pub eps: F32Bits,
-    pub wdtype: DType,
+pub struct PositionTable {
+    /// Rows of the table: the positions it covers.
+    pub rows: usize,
+    pub dtype: DType,
 }
 
 /// One kernel instance. `max_rows` is the static row capacity of the activation buffers it
@@ -46,27 +34,35 @@ pub struct RowNorm {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "family", rename_all = "snake_case")]
 pub enum Kernel {
-    /// `x[r, :] = float(table[tokens[r], :])`.
-    /// Args: `tokens: i32[max_rows]`, `table: dtype[vocab, hidden]`, `x: f32[max_rows, hidden]`.
+    /// `x[r, :] = float(table[tokens[r], :]) (* scale) (+ float(pos_table[pos + r, :]))`.
+    /// Args: `tokens: i32[max_rows]`, `table: dtype[vocab, hidden]`, `x: f32[max_rows, hidden]`,
+    /// then `pos_table: [rows, hidden]` with `positions`.
     Embed {
         vocab: usize,
         hidden: usize,
         dtype: DType,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale: Option<F32Bits>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        positions: Option<PositionTable>,
         max_rows: usize,
     },
-    /// `y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w`.
-    /// Args: `x: f32[max_rows, dim]`, `w: wdtype[dim]`, `y: f32[max_rows, dim]`.
-    RmsNorm {
+    /// `y[r, :] = norm(x[r, :])`, or `y += norm(x)` when `accumulate` (Gemma's norms after the
+    /// attention and the MLP, added to the residual).
+    /// Args: `x: f32[max_rows, dim]`, `w: [dim]`, `y: f32[max_rows, dim]`, then `b: [dim]` if
+    /// the norm has a bias.
+    Norm {
         dim: usize,
-        eps: F32Bits,
-        wdtype: DType,
+        norm: NormShape,
+        accumulate: bool,
         max_rows: usize,
     },
-    /// `y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n])`, or `y += ...` when `accumulate`
-    /// (the residual add fused into the epilogue). With `norm` (decode only), `x` is first
-    /// replaced by its RMSNorm with weight `norm_w`.
+    /// `y[r, n] = epilogue(sum_k x[r, k] * w[n, k])` where the epilogue adds `bias[n]`, applies
+    /// `act`, then soft-caps (`cap * tanh(v / cap)`), and finally adds the old `y` when
+    /// `accumulate` (the residual add). With `norm` (decode only), `x` is first replaced by its
+    /// normalisation with weight `norm_w` (and `norm_b`).
     /// Args: `x: f32[max_rows, k]`, `w: wdtype[n, k]`, `y: f32[max_rows, n]`, then
-    /// `bias: bdtype[n]` if `bias`, then `norm_w: [k]` if `norm`.
+    /// `bias: bdtype[n]` if `bias`, then `norm_w: [k]` (and `norm_b: [k]`) if `norm`.
     MatMul {
         n: usize,
         k: usize,
@@ -74,41 +70,47 @@ pub enum Kernel {
         bias: Option<DType>,
         accumulate: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        norm: Option<RowNorm>,
+        norm: Option<NormShape>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        act: Option<Act>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<F32Bits>,
         max_rows: usize,
     },
-    /// Decode's whole MLP input side in one step: `g = x @ w_gate^T`, `u = x @ w_up^T`, then
-    /// `g = silu(g) * u`, each thread finishing the outputs it computed (no barrier between
+    /// Decode's whole gated-MLP input side in one step: `g = x @ w_gate^T`, `u = x @ w_up^T`,
+    /// then `g = act(g) * u`, each thread finishing the outputs it computed (no barrier between
     /// the projections and the activation), with `norm` as in [`Kernel::MatMul`].
     /// Args: `x: f32[1, k]`, `w_gate: gate_dtype[n, k]`, `g: f32[1, n]`, `w_up: up_dtype[n, k]`,
-    /// `u: f32[1, n]`, then `norm_w: [k]` if `norm`.
+    /// `u: f32[1, n]`, then `norm_w: [k]` (and `norm_b`) if `norm`.
     GateUp {
         n: usize,
         k: usize,
         gate_dtype: DType,
         up_dtype: DType,
-        norm: Option<RowNorm>,
+        norm: Option<NormShape>,
+        act: Act,
         max_rows: usize,
     },
-    /// For each row `r` at absolute position `pos + r`: optional per-head RMSNorm of q and k,
-    /// RoPE (rotate-half) on q and k in place, then k and v written into the caches at row
-    /// `pos + r`.
+    /// For each row `r` at absolute position `pos + r`: optional per-head norm of q and k, the
+    /// rotary embedding of q and k in place (when `rotary`), then k and v written into the
+    /// caches at row `pos + r`.
     /// Args: `q: f32[max_rows, heads*head_dim]`, `k, v: f32[max_rows, kv_heads*head_dim]`,
     /// `k_cache, v_cache: f32[kv_heads, ctx, head_dim]` (head-major: each head's keys are one
-    /// contiguous stream for attention), `q_norm, k_norm: [head_dim]` (Qwen3).
+    /// contiguous stream for attention), then `q_norm, k_norm: [head_dim]` with `qk_norm`,
+    /// then `seq_end: i32[1]` (the position after the last one of the current forward call)
+    /// with a LongRoPE `rotary`.
     RopeKv {
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
-        /// `head_dim / 2` inverse frequencies, f32 bits.
-        inv_freq: Vec<u32>,
+        rotary: Option<Rotary>,
         qk_norm: Option<QkNorm>,
         ctx: usize,
         max_rows: usize,
     },
     /// Causal grouped-query attention of each row over cache rows `[start, pos + r]`, where
-    /// `start = max(0, pos + r + 1 - window)` with a sliding window and 0 otherwise. Softmax in
-    /// f32, scale `1 / sqrt(head_dim)`.
+    /// `start = max(0, pos + r + 1 - window)` with a sliding window and 0 otherwise. Scores
+    /// are `q . k * scale`, soft-capped (`cap * tanh(s / cap)`) with `softcap`; softmax in f32.
     /// Args: `q: f32[max_rows, heads*head_dim]`, `k_cache, v_cache: f32[kv_heads, ctx, head_dim]`,
     /// `out: f32[max_rows, heads*head_dim]`.
     Attention {
@@ -116,12 +118,18 @@ pub enum Kernel {
         kv_heads: usize,
         head_dim: usize,
         window: Option<usize>,
+        scale: F32Bits,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<F32Bits>,
         ctx: usize,
         max_rows: usize,
     },
-    /// `g[r, i] = silu(g[r, i]) * u[r, i]`, in place.
+    /// `g[r, i] = act(g[r, i]) * u[r, i]`, in place.
     /// Args: `g: f32[max_rows, dim]`, `u: f32[max_rows, dim]`.
-    SiluMul { dim: usize, max_rows: usize },
+    GatedAct { act: Act, dim: usize, max_rows: usize },
+    /// `x[r, i] += y[r, i]`.
+    /// Args: `x: f32[max_rows, dim]`, `y: f32[max_rows, dim]`.
+    Add { dim: usize, max_rows: usize },
     /// Machine probe: each thread reads its share of `buf` once, sequentially, with vector
     /// loads (the way decode streams weights) and writes a checksum to `sums[thread_id]`.
     /// Args: `buf: f32[elems]`, `sums: f32[64, 16]`. `rows` and `pos` are unused.
@@ -137,12 +145,13 @@ impl Kernel {
     pub fn family(&self) -> &'static str {
         match self {
             Kernel::Embed { .. } => "embed",
-            Kernel::RmsNorm { .. } => "rmsnorm",
+            Kernel::Norm { .. } => "norm",
             Kernel::MatMul { .. } => "matmul",
             Kernel::GateUp { .. } => "gate_up",
             Kernel::RopeKv { .. } => "rope_kv",
             Kernel::Attention { .. } => "attention",
-            Kernel::SiluMul { .. } => "silu_mul",
+            Kernel::GatedAct { .. } => "gated_act",
+            Kernel::Add { .. } => "add",
             Kernel::ProbeRead { .. } => "probe_read",
             Kernel::ProbeFma { .. } => "probe_fma",
         }
@@ -151,25 +160,30 @@ impl Kernel {
     pub fn max_rows(&self) -> usize {
         match self {
             Kernel::Embed { max_rows, .. }
-            | Kernel::RmsNorm { max_rows, .. }
+            | Kernel::Norm { max_rows, .. }
             | Kernel::MatMul { max_rows, .. }
             | Kernel::GateUp { max_rows, .. }
             | Kernel::RopeKv { max_rows, .. }
             | Kernel::Attention { max_rows, .. }
-            | Kernel::SiluMul { max_rows, .. } => *max_rows,
+            | Kernel::GatedAct { max_rows, .. }
+            | Kernel::Add { max_rows, .. } => *max_rows,
             Kernel::ProbeRead { .. } | Kernel::ProbeFma { .. } => 1,
         }
     }
 
     /// Number of pointer arguments the kernel reads; the rest of the ABI's slots are unused.
     pub fn arg_count(&self) -> usize {
+        let norm_args = |n: &Option<NormShape>| n.map_or(0, |n| 1 + n.bias.is_some() as usize);
         match self {
-            Kernel::Embed { .. } | Kernel::RmsNorm { .. } => 3,
-            Kernel::MatMul { bias, norm, .. } => 3 + bias.is_some() as usize + norm.is_some() as usize,
-            Kernel::GateUp { norm, .. } => 5 + norm.is_some() as usize,
-            Kernel::RopeKv { qk_norm, .. } => 5 + 2 * qk_norm.is_some() as usize,
+            Kernel::Embed { positions, .. } => 3 + positions.is_some() as usize,
+            Kernel::Norm { norm, .. } => 3 + norm.bias.is_some() as usize,
+            Kernel::MatMul { bias, norm, .. } => 3 + bias.is_some() as usize + norm_args(norm),
+            Kernel::GateUp { norm, .. } => 5 + norm_args(norm),
+            Kernel::RopeKv { qk_norm, rotary, .. } => {
+                5 + 2 * qk_norm.is_some() as usize + rotary.as_ref().is_some_and(|r| r.long.is_some()) as usize
+            }
             Kernel::Attention { .. } => 4,
-            Kernel::SiluMul { .. } | Kernel::ProbeRead { .. } => 2,
+            Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeRead { .. } => 2,
             Kernel::ProbeFma { .. } => 1,
         }
     }
@@ -178,11 +192,11 @@ impl Kernel {
     /// `accumulate` matmuls and in-place kernels also read what they write.
     pub fn written_args(&self) -> &'static [usize] {
         match self {
-            Kernel::Embed { .. } | Kernel::RmsNorm { .. } | Kernel::MatMul { .. } => &[2],
+            Kernel::Embed { .. } | Kernel::Norm { .. } | Kernel::MatMul { .. } => &[2],
             Kernel::GateUp { .. } => &[2, 4],
             Kernel::RopeKv { .. } => &[0, 1, 3, 4],
             Kernel::Attention { .. } => &[3],
-            Kernel::SiluMul { .. } | Kernel::ProbeFma { .. } => &[0],
+            Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeFma { .. } => &[0],
             Kernel::ProbeRead { .. } => &[1],
         }
     }
@@ -192,9 +206,22 @@ impl Kernel {
     /// each row attends to. An estimate for profiles (it ignores cache reuse between rows).
     pub fn bytes_moved(&self, rows: usize, pos: usize) -> u64 {
         let f = 4usize;
+        let norm_bytes = |n: &Option<NormShape>, k: usize| {
+            n.map_or(0, |n| n.wdtype.bytes_for(k) + n.bias.map_or(0, |b| b.bytes_for(k)))
+        };
         let b = match self {
-            Kernel::Embed { hidden, dtype, .. } => rows * (dtype.bytes_for(*hidden) + hidden * f + 4),
-            Kernel::RmsNorm { dim, wdtype, .. } => wdtype.bytes_for(*dim) + rows * 2 * dim * f,
+            Kernel::Embed {
+                hidden,
+                dtype,
+                positions,
+                ..
+            } => {
+                let pos_row = positions.map_or(0, |p| p.dtype.bytes_for(*hidden));
+                rows * (dtype.bytes_for(*hidden) + pos_row + hidden * f + 4)
+            }
+            Kernel::Norm {
+                dim, norm, accumulate, ..
+            } => norm_bytes(&Some(*norm), *dim) + rows * (2 + *accumulate as usize) * dim * f,
             Kernel::MatMul {
                 n,
                 k,
@@ -207,7 +234,7 @@ impl Kernel {
                 let out = if *accumulate { 2 } else { 1 };
                 n * wdtype.bytes_for(*k)
                     + bias.map_or(0, |d| d.bytes_for(*n))
-                    + norm.map_or(0, |nm| nm.wdtype.bytes_for(*k))
+                    + norm_bytes(norm, *k)
                     + rows * (k + out * n) * f
             }
             Kernel::GateUp {
@@ -218,9 +245,7 @@ impl Kernel {
                 norm,
                 ..
             } => {
-                n * (gate_dtype.bytes_for(*k) + up_dtype.bytes_for(*k))
-                    + norm.map_or(0, |nm| nm.wdtype.bytes_for(*k))
-                    + rows * (k + 3 * n) * f
+                n * (gate_dtype.bytes_for(*k) + up_dtype.bytes_for(*k)) + norm_bytes(norm, *k) + rows * (k + 3 * n) * f
             }
             Kernel::RopeKv {
                 heads,
@@ -238,7 +263,7 @@ impl Kernel {
                 let keys = attended_keys(rows, pos, *window);
                 rows * 2 * heads * head_dim * f + keys * 2 * kv_heads * head_dim * f
             }
-            Kernel::SiluMul { dim, .. } => rows * 3 * dim * f,
+            Kernel::GatedAct { dim, .. } | Kernel::Add { dim, .. } => rows * 3 * dim * f,
             Kernel::ProbeRead { elems } => elems * f,
             Kernel::ProbeFma { .. } => 0,
         };
@@ -267,11 +292,24 @@ impl Kernel {
         let json = serde_json::to_string(self).expect("kernel descriptors serialise");
         let hash = Sha256::digest(json.as_bytes());
         let short: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let flag = |on: bool, s: &str| if on { s.to_string() } else { String::new() };
+        let norm_tag = |n: &Option<NormShape>| n.map(|n| format!("_{}", n.kind.name())).unwrap_or_default();
         let shape = match self {
             Kernel::Embed {
-                vocab, hidden, dtype, ..
-            } => format!("v{vocab}_h{hidden}_{dtype}"),
-            Kernel::RmsNorm { dim, wdtype, .. } => format!("d{dim}_{wdtype}"),
+                vocab,
+                hidden,
+                dtype,
+                positions,
+                ..
+            } => format!("v{vocab}_h{hidden}_{dtype}{}", flag(positions.is_some(), "_pos")),
+            Kernel::Norm {
+                dim, norm, accumulate, ..
+            } => format!(
+                "{}_d{dim}_{}{}",
+                norm.kind.name(),
+                norm.wdtype,
+                flag(*accumulate, "_acc")
+            ),
             Kernel::MatMul {
                 n,
                 k,
@@ -279,12 +317,16 @@ impl Kernel {
                 bias,
                 accumulate,
                 norm,
+                act,
+                softcap,
                 ..
             } => format!(
-                "n{n}_k{k}_{wdtype}{}{}{}",
-                if bias.is_some() { "_bias" } else { "" },
-                if *accumulate { "_acc" } else { "" },
-                if norm.is_some() { "_norm" } else { "" }
+                "n{n}_k{k}_{wdtype}{}{}{}{}{}",
+                flag(bias.is_some(), "_bias"),
+                flag(*accumulate, "_acc"),
+                norm_tag(norm),
+                act.map(|a| format!("_{}", a.name())).unwrap_or_default(),
+                flag(softcap.is_some(), "_cap"),
             ),
             Kernel::GateUp {
                 n,
@@ -292,32 +334,35 @@ impl Kernel {
                 gate_dtype,
                 up_dtype,
                 norm,
+                act,
                 ..
-            } => format!(
-                "n{n}_k{k}_{gate_dtype}_{up_dtype}{}",
-                if norm.is_some() { "_norm" } else { "" }
-            ),
+            } => format!("n{n}_k{k}_{gate_dtype}_{up_dtype}{}_{}", norm_tag(norm), act.name()),
             Kernel::RopeKv {
                 heads,
                 kv_heads,
                 head_dim,
                 qk_norm,
+                rotary,
                 ..
             } => format!(
-                "h{heads}_kv{kv_heads}_d{head_dim}{}",
-                if qk_norm.is_some() { "_qknorm" } else { "" }
+                "h{heads}_kv{kv_heads}_d{head_dim}{}{}",
+                rotary.as_ref().map(|r| format!("_r{}", r.dims)).unwrap_or_default(),
+                flag(qk_norm.is_some(), "_qknorm")
             ),
             Kernel::Attention {
                 heads,
                 kv_heads,
                 head_dim,
                 window,
+                softcap,
                 ..
             } => format!(
-                "h{heads}_kv{kv_heads}_d{head_dim}{}",
-                window.map(|w| format!("_w{w}")).unwrap_or_default()
+                "h{heads}_kv{kv_heads}_d{head_dim}{}{}",
+                window.map(|w| format!("_w{w}")).unwrap_or_default(),
+                flag(softcap.is_some(), "_cap")
             ),
-            Kernel::SiluMul { dim, .. } => format!("d{dim}"),
+            Kernel::GatedAct { act, dim, .. } => format!("{}_d{dim}", act.name()),
+            Kernel::Add { dim, .. } => format!("d{dim}"),
             Kernel::ProbeRead { elems } => format!("e{elems}"),
             Kernel::ProbeFma { chains } => format!("c{chains}"),
         };
@@ -344,11 +389,15 @@ mod tests {
 
     #[test]
     fn symbols_differ_exactly_when_kernels_differ() {
-        let a = Kernel::SiluMul { dim: 128, max_rows: 64 };
-        let b = Kernel::SiluMul { dim: 128, max_rows: 1 };
-        let c = Kernel::SiluMul { dim: 128, max_rows: 64 };
+        let act = |act, max_rows| Kernel::GatedAct {
+            act,
+            dim: 128,
+            max_rows,
+        };
+        let (a, b, c) = (act(Act::Silu, 64), act(Act::Silu, 1), act(Act::Silu, 64));
         assert_ne!(a.symbol(), b.symbol());
         assert_eq!(a.symbol(), c.symbol());
-        assert!(b.symbol().starts_with("kiln_silu_mul_d128_decode_"));
+        assert_ne!(a.symbol(), act(Act::GeluTanh, 64).symbol());
+        assert!(b.symbol().starts_with("kiln_gated_act_silu_d128_decode_"));
     }
 }

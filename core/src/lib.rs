@@ -1,22 +1,26 @@
-//! Shared vocabulary of Kiln's compiler and runtime: what a model is ([`ModelSpec`]), which
-//! tensors it reads ([`weights`]), which kernels a library for it exports ([`Kernel`]), in what
-//! order they run ([`graph`]), how they are called ([`abi`]) and what the host offers
-//! ([`target`]). It has no dependency on MLIR, so the runtime can use it without the compiler.
+//! Shared vocabulary of Kiln's compiler and runtime: what a model is ([`ModelSpec`]: tensors,
+//! buffers and the forward pass as operations), how each architecture builds one ([`arch`]),
+//! which kernels a library for it exports ([`Kernel`]), in what order they run ([`graph`]), how
+//! they are called ([`abi`]) and what the host offers ([`target`]). It has no dependency on
+//! MLIR, so the runtime can use it without the compiler.
 
 pub mod abi;
+pub mod arch;
 pub mod dequant;
 pub mod dtype;
 pub mod graph;
 pub mod kernel;
-pub mod model;
+pub mod ops;
+pub mod rope;
+pub mod spec;
 pub mod target;
-pub mod weights;
 
 pub use dtype::DType;
-pub use kernel::{Kernel, RowNorm};
-pub use model::{Arch, LayerDTypes, LayerSpec, ModelSpec, Rope, RopeScaling};
+pub use kernel::Kernel;
+pub use ops::{Act, F32Bits, NormKind, NormShape, Pairing, Rotary};
+pub use rope::{Rope, RopeScaling};
+pub use spec::{BufId, Dims, ModelSpec, Tensor, WeightId, WeightRef};
 pub use target::HostCpu;
-pub use weights::{LayerWeight, WeightId};
 
 use serde::{Deserialize, Serialize};
 

@@ -1,10 +1,8 @@
 //! Activation buffers and the KV cache: zeroed, 64-byte aligned allocations made once when an
 //! engine is created, never on the token path.
 
-use kiln_core::ModelSpec;
-use kiln_core::graph::Buf;
+use kiln_core::spec::{BufId, ModelSpec, Rows};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::collections::HashMap;
 use std::ptr::NonNull;
 
 /// Alignment of every buffer: a cache line, and the widest vector load.
@@ -142,48 +140,31 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Every buffer a plan can name: activations sized for `block_rows` rows, one logits row, and
-/// K and V caches of `ctx` usable positions per layer.
+/// Every buffer the spec declares: activations sized for `block_rows` rows, one-row buffers
+/// (logits, the sequence end), and K and V caches of `ctx` usable positions per layer.
 pub struct Buffers {
-    bufs: HashMap<Buf, AlignedBuf>,
-    row_bytes: HashMap<Buf, usize>,
+    bufs: Vec<AlignedBuf>,
+    row_bytes: Vec<usize>,
     pub block_rows: usize,
     pub ctx: usize,
 }
 
 impl Buffers {
     pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize) -> Buffers {
-        let mut bufs = HashMap::new();
-        let mut row_bytes = HashMap::new();
-        let mut add = |b: Buf, rows: usize| {
-            let row = b.row_len(spec) * 4;
-            row_bytes.insert(b, row);
-            let buf = match b {
-                Buf::KCache(_) | Buf::VCache(_) => AlignedBuf::reserved(row * rows),
-                _ => AlignedBuf::zeroed(row * rows),
-            };
-            bufs.insert(b, buf);
-        };
-        for b in [
-            Buf::Tokens,
-            Buf::X,
-            Buf::Xn,
-            Buf::Q,
-            Buf::K,
-            Buf::V,
-            Buf::Attn,
-            Buf::Gate,
-            Buf::Up,
-        ] {
-            add(b, block_rows);
-        }
-        add(Buf::Logits, 1);
-        // The caches are head-major (`[kv_heads, capacity, head_dim]`) with the capacity the
-        // kernels were compiled for, the model's own limit; the engine uses only the first
-        // `ctx` positions of each head, so only those pages are ever backed by memory.
-        for l in 0..spec.num_layers() {
-            add(Buf::KCache(l), spec.max_position_embeddings);
-            add(Buf::VCache(l), spec.max_position_embeddings);
+        let mut bufs = Vec::with_capacity(spec.buffers.len());
+        let mut row_bytes = Vec::with_capacity(spec.buffers.len());
+        for b in &spec.buffers {
+            let row = b.row_bytes();
+            row_bytes.push(row);
+            bufs.push(match b.rows {
+                Rows::Block => AlignedBuf::zeroed(row * block_rows),
+                Rows::One => AlignedBuf::zeroed(row),
+                // The caches are head-major (`[kv_heads, capacity, head_dim]`) with the capacity
+                // the kernels were compiled for, the model's own limit; the engine uses only the
+                // first `ctx` positions of each head, so only those pages are ever backed by
+                // memory.
+                Rows::Cache => AlignedBuf::reserved(row * spec.dims.max_position_embeddings),
+            });
         }
         Buffers {
             bufs,
@@ -193,22 +174,14 @@ impl Buffers {
         }
     }
 
-    pub fn get(&self, b: Buf) -> &AlignedBuf {
-        &self.bufs[&b]
+    pub fn get(&self, b: BufId) -> &AlignedBuf {
+        &self.bufs[b.0 as usize]
     }
-    pub fn get_mut(&mut self, b: Buf) -> &mut AlignedBuf {
-        self.bufs.get_mut(&b).expect("every buffer is allocated")
+    pub fn get_mut(&mut self, b: BufId) -> &mut AlignedBuf {
+        &mut self.bufs[b.0 as usize]
     }
-    pub fn row_bytes(&self, b: Buf) -> usize {
-        self.row_bytes[&b]
-    }
-    /// Bytes the KV cache holds when all `ctx` positions are in use.
-    pub fn kv_bytes(&self) -> usize {
-        self.row_bytes
-            .iter()
-            .filter(|(b, _)| matches!(b, Buf::KCache(_) | Buf::VCache(_)))
-            .map(|(_, row)| row * self.ctx)
-            .sum()
+    pub fn row_bytes(&self, b: BufId) -> usize {
+        self.row_bytes[b.0 as usize]
     }
 }
 

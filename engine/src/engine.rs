@@ -6,8 +6,8 @@ use crate::buffers::Buffers;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::plan::{Plan, Resolved};
 use crate::pool::{Pool, physical_cores};
-use kiln_core::graph::{self, Arg, Buf};
-use kiln_core::{CompileOptions, ModelSpec, WeightId};
+use kiln_core::graph::{self, Arg};
+use kiln_core::{BufId, CompileOptions, ModelSpec, WeightId};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ impl EngineConfig {
     /// The KV-cache capacity this configuration gives an engine for `spec`: the requested one
     /// if the model allows it, else `min(max_position_embeddings, DEFAULT_CTX)`.
     pub fn resolved_ctx(&self, spec: &ModelSpec) -> Result<usize, EngineError> {
-        let max = spec.max_position_embeddings;
+        let max = spec.dims.max_position_embeddings;
         match self.ctx {
             Some(requested) if requested > max => Err(EngineError::CtxTooLarge { requested, max }),
             Some(requested) => Ok(requested.max(1)),
@@ -79,9 +79,34 @@ struct Plans {
     head: Plan,
 }
 
+/// The buffers the engine itself reads or fills.
+#[derive(Clone, Copy)]
+struct Standard {
+    tokens: BufId,
+    residual: BufId,
+    logits: BufId,
+    seq_end: BufId,
+}
+
+impl Standard {
+    fn of(spec: &ModelSpec) -> Result<Standard, EngineError> {
+        let get = |name: &str| {
+            spec.buffer_named(name)
+                .ok_or_else(|| EngineError::Plan(format!("the spec declares no \"{name}\" buffer")))
+        };
+        Ok(Standard {
+            tokens: get(graph::TOKENS)?,
+            residual: get(graph::RESIDUAL)?,
+            logits: get(graph::LOGITS)?,
+            seq_end: get(graph::SEQ_END)?,
+        })
+    }
+}
+
 pub struct Engine {
     spec: ModelSpec,
     pool: Pool,
+    std: Standard,
     prefill: Plans,
     decode: Plans,
     bufs: Buffers,
@@ -101,6 +126,7 @@ impl Engine {
         config: &EngineConfig,
     ) -> Result<Engine, EngineError> {
         let ctx = config.resolved_ctx(spec)?;
+        let std = Standard::of(spec)?;
         let block_rows = options.prefill_rows;
         let kernels = graph::kernel_set(spec, block_rows);
         let library = KernelLibrary::open(library, &kernels)?;
@@ -112,7 +138,7 @@ impl Engine {
             (config.pin && threads <= cores.len()).then(|| &cores[..threads]),
         );
 
-        let build = |g: &graph::Graph| build_plan(g, &library, &bufs, weights.as_ref(), config.profile);
+        let build = |g: &graph::Graph| build_plan(spec, g, &library, &bufs, weights.as_ref(), config.profile);
         let head = graph::head_graph(spec);
         let prefill = Plans {
             block: build(&graph::block_graph(spec, block_rows))?,
@@ -125,6 +151,7 @@ impl Engine {
         Ok(Engine {
             spec: spec.clone(),
             pool,
+            std,
             prefill,
             decode,
             bufs,
@@ -150,15 +177,16 @@ impl Engine {
         }
         let mut plans = parts
             .iter()
-            .map(|g| build_plan(g, &self.library, &self.bufs, self.weights.as_ref(), false))
+            .map(|g| build_plan(&self.spec, g, &self.library, &self.bufs, self.weights.as_ref(), false))
             .collect::<Result<Vec<_>, _>>()?;
-        let hidden = self.spec.hidden_size;
+        let hidden = self.spec.dims.hidden_size;
         let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
+        self.set_seq_end(self.pos + tokens.len());
         for chunk in tokens.chunks(block) {
             self.load_tokens(chunk);
             for (plan, residuals) in plans.iter_mut().zip(out.iter_mut()) {
                 plan.run(&self.pool, chunk.len(), self.pos, chunk.len());
-                let x = self.bufs.get(Buf::X).f32s(chunk.len() * hidden);
+                let x = self.bufs.get(self.std.residual).f32s(chunk.len() * hidden);
                 residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));
             }
             self.pos += chunk.len();
@@ -208,11 +236,9 @@ impl Engine {
                 ctx: self.bufs.ctx,
             });
         }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.spec.vocab_size) {
-            return Err(EngineError::BadToken {
-                id,
-                vocab: self.spec.vocab_size,
-            });
+        let vocab = self.spec.dims.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
         }
         Ok(())
     }
@@ -222,6 +248,7 @@ impl Engine {
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         self.check(tokens)?;
         let block = self.bufs.block_rows;
+        self.set_seq_end(self.pos + tokens.len());
         for chunk in tokens.chunks(block) {
             self.load_tokens(chunk);
             self.prefill.block.run(&self.pool, chunk.len(), self.pos, chunk.len());
@@ -237,6 +264,7 @@ impl Engine {
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
         self.check(&[token])?;
         self.load_tokens(&[token]);
+        self.set_seq_end(self.pos + 1);
         self.decode.block.run(&self.pool, 1, self.pos, 1);
         self.decode.head.run(&self.pool, 1, self.pos, 1);
         self.pos += 1;
@@ -245,11 +273,17 @@ impl Engine {
 
     /// Logits produced by the last `prefill` or `decode`.
     pub fn logits(&self) -> &[f32] {
-        self.bufs.get(Buf::Logits).f32s(self.spec.vocab_size)
+        self.bufs.get(self.std.logits).f32s(self.spec.dims.vocab_size)
+    }
+
+    /// The position after the last one of the current forward call, which LongRoPE kernels
+    /// read (see [`graph::SEQ_END`]).
+    fn set_seq_end(&mut self, end: usize) {
+        self.bufs.get_mut(self.std.seq_end).i32s_mut(1)[0] = end as i32;
     }
 
     fn load_tokens(&mut self, tokens: &[u32]) {
-        let dst = self.bufs.get_mut(Buf::Tokens).i32s_mut(tokens.len());
+        let dst = self.bufs.get_mut(self.std.tokens).i32s_mut(tokens.len());
         for (d, &t) in dst.iter_mut().zip(tokens) {
             *d = t as i32;
         }
@@ -284,6 +318,7 @@ impl Engine {
 
 /// Binds `graph` to the library's kernels, the engine's buffers and the weights.
 fn build_plan(
+    spec: &ModelSpec,
     graph: &graph::Graph,
     library: &KernelLibrary,
     bufs: &Buffers,
@@ -296,7 +331,14 @@ fn build_plan(
                 base: bufs.get(b).as_ptr(),
                 row_bytes: bufs.row_bytes(b),
             }),
-            Arg::Weight(id) => weights.weight_ptr(id).map(Resolved::Weight),
+            Arg::Weight(w) => {
+                let row_bytes = spec.weight(w.id).row_bytes();
+                // `wrapping_add` keeps the arithmetic defined; the view lies inside the tensor
+                // (checked by `ModelSpec::validate`), which the source holds in full.
+                weights
+                    .weight_ptr(w.id)
+                    .map(|p| Resolved::Weight(p.wrapping_add(w.row0 * row_bytes)))
+            }
         }
     };
     Plan::build(graph, library, resolve, profile).map_err(EngineError::Plan)

@@ -6,7 +6,7 @@ use crate::buffers::AlignedBuf;
 use crate::library::KernelLibrary;
 use crate::pool::Pool;
 use kiln_core::Kernel;
-use kiln_core::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES};
+use kiln_core::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES, invoke};
 use kiln_core::graph::{Arg, Graph};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -125,7 +125,7 @@ unsafe impl Send for Plan {}
 unsafe impl Sync for Plan {}
 
 /// Where a graph argument lives: a buffer (with the byte length of one of its rows) or a
-/// weight.
+/// weight (already offset to the first row the argument reads).
 pub enum Resolved {
     Buffer { base: *mut u8, row_bytes: usize },
     Weight(*const u8),
@@ -228,11 +228,7 @@ impl Plan {
                 // SAFETY: `f` has the ABI signature; the pointers were resolved for buffers and
                 // weights sized for this plan's kernels, and `rows`/`pos` were checked by the
                 // engine against those sizes.
-                unsafe {
-                    (node.f)(
-                        a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], rows_i, pos_i, tid as i64, nth,
-                    )
-                };
+                unsafe { invoke(node.f, a, rows_i, pos_i, tid as i64, nth) };
             }
             if let Some(times) = &this.times {
                 // Every thread meets here so the last node's time includes its slowest thread.

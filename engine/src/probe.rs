@@ -6,7 +6,7 @@ use crate::buffers::AlignedBuf;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::pool::{Pool, physical_cores};
 use kiln_core::Kernel;
-use kiln_core::abi::WORK_COUNTER_BYTES;
+use kiln_core::abi::{PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES, invoke};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
@@ -147,26 +147,10 @@ impl ReadProbe {
         let (buf_addr, sums_addr) = (self.buf.as_ptr() as usize, self.sums.as_ptr() as usize);
         let work_addr = self.work.as_ptr() as usize;
         let f = self.read_fn;
-        let null = std::ptr::null_mut::<u8>;
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `buf` holds `elems` f32, `sums` 64 x 16 f32.
-                unsafe {
-                    f(
-                        buf_addr as *mut u8,
-                        sums_addr as *mut u8,
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        work_addr as *mut u8,
-                        1,
-                        0,
-                        tid as i64,
-                        nth,
-                    )
-                };
+                unsafe { invoke(f, slots(&[buf_addr, sums_addr], work_addr), 1, 0, tid as i64, nth) };
             })
         });
         summarise(pool.threads(), &times, |t| self.buffer_bytes as f64 / t / 1e9)
@@ -190,7 +174,6 @@ pub fn run_probe(
     let work = AlignedBuf::zeroed(WORK_COUNTER_BYTES);
     // Addresses as integers so the per-thread closures are `Sync`.
     let (sums_addr, work_addr) = (sums.as_ptr() as usize, work.as_ptr() as usize);
-    let null = std::ptr::null_mut::<u8>;
     let load_average = load_average();
 
     let mut read_gb_s = Vec::new();
@@ -211,22 +194,7 @@ pub fn run_probe(
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `sums` holds 64 x 16 f32.
-                unsafe {
-                    fma_fn(
-                        sums_addr as *mut u8,
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        null(),
-                        work_addr as *mut u8,
-                        iterations,
-                        0,
-                        tid as i64,
-                        nth,
-                    )
-                };
+                unsafe { invoke(fma_fn, slots(&[sums_addr], work_addr), iterations, 0, tid as i64, nth) };
             })
         });
         let point = summarise(threads, &times, |t| flops / t / 1e9);
@@ -267,6 +235,17 @@ fn summarise(threads: usize, times: &[f64], rate: impl Fn(f64) -> f64) -> ProbeP
         best: *rates.last().unwrap(),
         median: rates[rates.len() / 2],
     }
+}
+
+/// The ABI's pointer slots: `buffers` (addresses) first, the work counter in its slot, the
+/// rest null.
+fn slots(buffers: &[usize], work: usize) -> [*mut u8; PTR_ARGS] {
+    let mut a = [std::ptr::null_mut(); PTR_ARGS];
+    for (slot, &addr) in a.iter_mut().zip(buffers) {
+        *slot = addr as *mut u8;
+    }
+    a[WORK_COUNTER_ARG] = work as *mut u8;
+    a
 }
 
 #[cfg(test)]

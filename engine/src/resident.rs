@@ -7,7 +7,7 @@
 
 use crate::buffers::AlignedBuf;
 use crate::engine::WeightSource;
-use kiln_core::{ModelSpec, WeightId, weights::weight_list};
+use kiln_core::{ModelSpec, WeightId};
 use std::collections::HashMap;
 
 pub struct ResidentWeights {
@@ -18,14 +18,14 @@ impl ResidentWeights {
     /// Copies every weight of `spec` from `source`.
     pub fn copy_from(spec: &ModelSpec, source: &dyn WeightSource) -> Result<ResidentWeights, String> {
         let mut bufs = HashMap::new();
-        for w in weight_list(spec) {
+        for (id, w) in spec.weight_ids() {
             let bytes = w.bytes();
             let mut buf = AlignedBuf::zeroed_huge(bytes);
-            let src = source.weight_ptr(w.id)?;
+            let src = source.weight_ptr(id)?;
             // SAFETY: `src` points at `bytes` bytes of the tensor (the source checked its size
             // against the spec); `buf` holds at least `bytes` bytes; they do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), bytes) };
-            bufs.insert(w.id, buf);
+            bufs.insert(id, buf);
         }
         Ok(ResidentWeights { bufs })
     }
@@ -36,6 +36,6 @@ impl WeightSource for ResidentWeights {
         self.bufs
             .get(&id)
             .map(|b| b.as_ptr() as *const u8)
-            .ok_or_else(|| format!("no resident copy of {id}"))
+            .ok_or_else(|| format!("no resident copy of weight {}", id.0))
     }
 }

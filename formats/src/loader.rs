@@ -4,7 +4,8 @@
 
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
-use kiln_core::{DType, ModelSpec, WeightId, weights::weight_list};
+use kiln_core::spec::Layout;
+use kiln_core::{DType, ModelSpec, WeightId};
 use kiln_engine::buffers::AlignedBuf;
 use kiln_engine::engine::WeightSource;
 use kiln_text::tokenizer::{Tokenizer, TokenizerError};
@@ -84,13 +85,14 @@ fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
     let tokenizer = Tokenizer::from_dir(&loaded.dir)?;
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
+    let weights = SafetensorsWeights::bind(loaded.weights, &loaded.spec)?;
     Ok(Model {
         source: loaded.dir,
         format: ModelFormat::Safetensors,
         architecture: loaded.config.architecture.clone(),
         bos_token_id: loaded.config.bos_token_id,
         spec: loaded.spec,
-        weights: Arc::new(SafetensorsWeights(loaded.weights)),
+        weights: Arc::new(weights),
         tokenizer,
         eos_token_ids,
         converted: Vec::new(),
@@ -99,25 +101,22 @@ fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     let g = gguf::load(path)?;
-    let architecture = g.spec.arch.name().to_string();
+    let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;
     let mut converted = Vec::new();
     let weights: Arc<dyn WeightSource> = match opts.dequantize {
         Some(target) => {
             let mut bufs = HashMap::new();
-            for w in weight_list(&spec) {
+            for (id, w) in spec.weight_ids() {
                 if w.dtype.is_quantized() {
-                    let bytes = g.weights.dequantize_to(w.id, target)?;
-                    let mut buf = AlignedBuf::zeroed(bytes.len());
-                    // SAFETY: `buf` holds at least `bytes.len()` bytes and does not overlap `bytes`.
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr(), bytes.len()) };
-                    bufs.insert(w.id, buf);
-                    converted.push((w.id, w.dtype));
+                    let bytes = g.weights.dequantize_to(id, target)?;
+                    bufs.insert(id, owned_copy(&bytes));
+                    converted.push((id, w.dtype));
                 }
             }
             for (id, _) in &converted {
-                spec.set_dtype(*id, target);
+                spec.weights[id.0 as usize].dtype = target;
             }
             Arc::new(Dequantized { inner: g.weights, bufs })
         }
@@ -146,12 +145,68 @@ fn merge_ids(first: &[u32], second: &[u32]) -> Vec<u32> {
     ids
 }
 
-/// Safetensors weights as the engine sees them.
-struct SafetensorsWeights(Weights);
+/// A 64-byte-aligned copy of `bytes`.
+fn owned_copy(bytes: &[u8]) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(bytes.len());
+    // SAFETY: `buf` holds at least `bytes.len()` bytes and does not overlap `bytes`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr(), bytes.len()) };
+    buf
+}
+
+/// `[rows, cols]` elements of `elem` bytes each, transposed into `[cols, rows]`.
+fn transposed(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> AlignedBuf {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (src, dst) = ((r * cols + c) * elem, (c * rows + r) * elem);
+            out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+        }
+    }
+    owned_copy(&out)
+}
+
+/// Safetensors weights as the engine sees them: each tensor of the spec in place in its
+/// mapping, except those stored transposed (GPT-2's `Conv1D` weights), copied once, at load,
+/// into the layout the kernels read.
+struct SafetensorsWeights {
+    weights: Weights,
+    /// Per tensor of the spec: its address.
+    ptrs: Vec<usize>,
+    _copies: Vec<AlignedBuf>,
+}
+
+impl SafetensorsWeights {
+    fn bind(weights: Weights, spec: &ModelSpec) -> Result<SafetensorsWeights, ModelError> {
+        let mut ptrs = Vec::with_capacity(spec.weights.len());
+        let mut copies = Vec::new();
+        for w in &spec.weights {
+            let t = weights.lookup(&w.name)?;
+            let ptr = match (w.layout, t.shape) {
+                (Layout::Transposed, &[rows, cols]) => {
+                    let copy = transposed(t.data, rows, cols, w.dtype.size());
+                    let p = copy.as_ptr() as usize;
+                    copies.push(copy);
+                    p
+                }
+                _ => t.ptr() as usize,
+            };
+            ptrs.push(ptr);
+        }
+        Ok(SafetensorsWeights {
+            weights,
+            ptrs,
+            _copies: copies,
+        })
+    }
+}
 
 impl WeightSource for SafetensorsWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
-        self.0.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
+        let _ = &self.weights; // the mapping the pointers point into lives as long as `self`
+        self.ptrs
+            .get(id.0 as usize)
+            .map(|&p| p as *const u8)
+            .ok_or_else(|| format!("no weight {} in the spec", id.0))
     }
 }
 

@@ -7,7 +7,8 @@
 //! per-key work is a few vector operations with no serial scalar chain (one pass over the keys
 //! with the running state updated per key was ~150 cycles per key and head), no scratch
 //! proportional to the context is needed, and each key and value row is read once. The scale
-//! is `head_dim^-0.5` rounded to f32, applied to each dot product as the reference does.
+//! (`head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`, rounded to f32) is applied to each
+//! dot product as the reference does, then the soft cap when the model has one.
 //! Decode and prefill run this same code per (row, head), so they agree bit for bit.
 
 use super::{Dyn, max_index, thread_range};
@@ -21,6 +22,8 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         kv_heads,
         head_dim,
         window,
+        scale,
+        softcap,
         ctx,
         ..
     } = kernel
@@ -36,7 +39,8 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         vc,
         lanes,
         nvec: dim / lanes,
-        scale: (1.0f64 / (dim as f64).sqrt()) as f32,
+        scale: scale.get(),
+        softcap: softcap.map(|c| c.get()),
     };
 
     let total = b.muli(d.rows, b.idx(*heads));
@@ -82,12 +86,24 @@ struct Attn<'c, 'a> {
     lanes: usize,
     nvec: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 /// The softmax state after some keys: the running sum of the weights and the weighted values.
 type State<'c, 'b> = (Value<'c, 'b>, Vec<Value<'c, 'b>>);
 
 impl<'c, 'a> Attn<'c, 'a> {
+    /// A scaled score, soft-capped (`cap * tanh(s / cap)`, Gemma 2) when the kernel says so.
+    fn score<'b>(&self, b: Kb<'c, 'b>, s: Value<'c, 'b>) -> Value<'c, 'b> {
+        match self.softcap {
+            Some(cap) => {
+                let c = b.f32_like(s, cap);
+                b.mulf(b.tanh(b.divf(s, c)), c)
+            }
+            None => s,
+        }
+    }
+
     /// Keys `first..last` in blocks of `lanes` positions; the last block is masked.
     fn blocked<'b>(
         &self,
@@ -154,7 +170,7 @@ impl<'c, 'a> Attn<'c, 'a> {
                 dot
             })
             .collect();
-        let mut s = b.mulf(b.reduce_to_vector(&dots), b.f32_splat(self.scale, lanes));
+        let mut s = self.score(b, b.mulf(b.reduce_to_vector(&dots), b.f32_splat(self.scale, lanes)));
         let valid = limit.map(|lim| {
             let n = b.index_to_f32(b.subi(lim, base));
             let iota: Vec<f32> = (0..lanes).map(|j| j as f32).collect();
@@ -208,7 +224,7 @@ impl<'c, 'a> Attn<'c, 'a> {
                 let kv = b.load_f32(self.kc, &[row, b.idx(i * lanes)], lanes);
                 dot = b.fma(qi, kv, dot);
             }
-            let s = b.mulf(b.reduce_add(dot), scale_c);
+            let s = self.score(b, b.mulf(b.reduce_add(dot), scale_c));
             let m_new = b.maxf(m, s);
             let c_old = b.exp(b.subf(m, m_new));
             let c_new = b.exp(b.subf(s, m_new));

@@ -1,5 +1,5 @@
-//! Decode's MLP input side as one kernel: the RMSNorm of the row, the gate and up projections
-//! and `silu(gate) * up`, with no barrier in between.
+//! Decode's MLP input side as one kernel: the norm of the row, the gate and up projections
+//! and `act(gate) * up`, with no barrier in between.
 //!
 //! Separately these are four steps and three barriers per layer, each barrier costing the
 //! threads' finishing-time spread on a step that is mostly waiting for memory. Here every
@@ -7,11 +7,11 @@
 //! of output rows `j`, reading row `j` of the gate matrix and row `j` of the up matrix in
 //! alternation (two weight streams, each prefetched as the decode matmul prefetches its
 //! one), and once a share is complete applies the activation to it from L1. Each projection
-//! output is the decode matmul's FMA chain and the activation is [`silu_mul_at`], so the
+//! output is the decode matmul's FMA chain and the activation is [`gated_at`], so the
 //! values are bitwise those of the unfused prefill steps.
 
 use super::Dyn;
-use super::elementwise::silu_mul_at;
+use super::elementwise::gated_at;
 use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_row};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
@@ -24,6 +24,7 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         gate_dtype,
         up_dtype,
         norm,
+        act,
         max_rows,
     } = kernel
     else {
@@ -32,7 +33,7 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
     assert_eq!(*max_rows, 1, "gate_up is a decode kernel");
     let (n, k) = (*n, *k);
     let x = match norm {
-        Some(nm) => normalised_row(b, p[0], p[5], *nm, k, max_lanes),
+        Some(nm) => normalised_row(b, p[0], &p[5..], nm, k, max_lanes),
         None => p[0],
     };
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
@@ -44,6 +45,8 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         y,
         bias: None,
         accumulate: false,
+        act: None,
+        softcap: None,
     };
     let (gate_mm, up_mm) = (projection(gate), projection(up));
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
@@ -60,11 +63,6 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
     let act_lanes = lanes_for(n, max_lanes);
     let align = lcm(group, act_lanes);
     let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
-    let one = if act_lanes == 1 {
-        b.f32c(1.0)
-    } else {
-        b.f32_splat(1.0, act_lanes)
-    };
     decode_split(
         b,
         d,
@@ -79,7 +77,7 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         |b, start, end| {
             let zero = b.idx(0);
             b.for_each(start, end, b.idx(act_lanes), |b, i| {
-                silu_mul_at(b, gate, up, &[zero, i], act_lanes, one)
+                gated_at(b, *act, gate, up, &[zero, i], act_lanes)
             });
         },
     );

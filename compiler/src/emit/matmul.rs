@@ -23,9 +23,10 @@
 //!   scratch (in chunks of `k` with the accumulators parked in a stack buffer when a row is too
 //!   long), so decode and prefill still perform the same FMAs in the same order.
 
-use super::{Dyn, norm, quant, split_work};
+use super::norm::{NormWeights, Row, normalize_row};
+use super::{Dyn, elementwise, quant, split_work};
 use crate::ir::{Kb, lanes_for};
-use kiln_core::{DType, Kernel, RowNorm};
+use kiln_core::{Act, DType, F32Bits, Kernel, NormShape};
 use melior::ir::Value;
 
 /// Largest prefill weight scratch (`nb * chunk * 4` bytes): a block's weight rows are widened
@@ -143,35 +144,38 @@ pub(super) struct MatMul<'c, 'a> {
     pub(super) y: Value<'c, 'a>,
     pub(super) bias: Option<(Value<'c, 'a>, DType)>,
     pub(super) accumulate: bool,
+    pub(super) act: Option<Act>,
+    pub(super) softcap: Option<F32Bits>,
 }
 
-/// The decode row normalised by a folded [`RowNorm`] into a stack buffer of this thread's
-/// (`memref<1 x k x f32>`), with the [`Kernel::RmsNorm`] kernel's own instructions.
+/// The decode row normalised by a folded norm into a stack buffer of this thread's
+/// (`memref<1 x k x f32>`), with the [`Kernel::Norm`] kernel's own instructions. `args` are the
+/// norm's weight and (LayerNorm) bias.
 pub(super) fn normalised_row<'c, 'a>(
     b: Kb<'c, 'a>,
     x: Value<'c, '_>,
-    norm_w: Value<'c, '_>,
-    norm: RowNorm,
+    args: &[Value<'c, '_>],
+    norm: &NormShape,
     k: usize,
     max_lanes: usize,
 ) -> Value<'c, 'a> {
     let buf = b.alloca(&format!("memref<1x{k}xf32>"));
     let zero = b.idx(0);
-    let inv = norm::inv_rms(b, x, zero, zero, k, norm.eps.get(), max_lanes);
-    norm::scale_row(
-        b,
-        x,
-        zero,
-        zero,
-        norm_w,
-        norm.wdtype,
-        inv,
-        buf,
-        zero,
-        zero,
-        k,
-        max_lanes,
-    );
+    let weights = NormWeights {
+        w: args[0],
+        bias: norm.bias.map(|_| args[1]),
+    };
+    let src = Row {
+        mem: x,
+        r: zero,
+        c0: zero,
+    };
+    let dst = Row {
+        mem: buf,
+        r: zero,
+        c0: zero,
+    };
+    normalize_row(b, norm, weights, src, dst, k, max_lanes, false);
     buf
 }
 
@@ -183,6 +187,8 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         bias,
         accumulate,
         norm,
+        act,
+        softcap,
         max_rows,
     } = kernel
     else {
@@ -191,7 +197,7 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     let x = match norm {
         Some(nm) => {
             assert_eq!(*max_rows, 1, "norms are folded into decode matmuls only");
-            normalised_row(b, p[0], p[3 + bias.is_some() as usize], *nm, *k, max_lanes)
+            normalised_row(b, p[0], &p[3 + bias.is_some() as usize..], nm, *k, max_lanes)
         }
         None => p[0],
     };
@@ -202,6 +208,8 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         y: p[2],
         bias: bias.map(|dt| (p[3], dt)),
         accumulate: *accumulate,
+        act: *act,
+        softcap: *softcap,
     };
     let w = p[1];
     if *max_rows == 1 {
@@ -547,10 +555,18 @@ impl<'c, 'a> MatMul<'c, 'a> {
         }
     }
 
-    /// The epilogue of one output: `+ bias`, `+= y` when accumulating, store.
+    /// The epilogue of one output: `+ bias`, the activation, the soft cap
+    /// (`cap * tanh(v / cap)`), `+= y` when accumulating, store.
     fn finish<'b>(&self, b: Kb<'c, 'b>, mut s: Value<'c, 'b>, row: Value<'c, '_>, col: Value<'c, '_>) {
         if let Some((bias, bdtype)) = self.bias {
             s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
+        }
+        if let Some(act) = self.act {
+            s = elementwise::activate(b, act, s);
+        }
+        if let Some(cap) = self.softcap {
+            let c = b.f32c(cap.get());
+            s = b.mulf(b.tanh(b.divf(s, c)), c);
         }
         if self.accumulate {
             s = b.addf(b.load_f32(self.y, &[row, col], 1), s);

@@ -15,7 +15,7 @@ mod quant;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};
-use kiln_core::{CompileOptions, DType, Kernel, abi};
+use kiln_core::{CompileOptions, DType, Kernel, NormShape, abi};
 use melior::{
     Context,
     ir::{
@@ -79,10 +79,18 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
         .map(|t| Type::parse(ctx, t).unwrap_or_else(|| panic!("invalid type {t}")))
         .collect();
     // Constant tables the kernel needs live in the same module as private globals.
-    if let Kernel::RopeKv { inv_freq, .. } = kernel {
+    if let Kernel::RopeKv {
+        rotary: Some(rotary), ..
+    } = kernel
+    {
         module
             .body()
-            .append_operation(constant_table(ctx, rope::INV_FREQ, inv_freq));
+            .append_operation(constant_table(ctx, rope::INV_FREQ, &rotary.inv_freq));
+        if let Some(long) = &rotary.long {
+            module
+                .body()
+                .append_operation(constant_table(ctx, rope::INV_FREQ_LONG, &long.inv_freq));
+        }
     }
     let func = build_func(ctx, &kernel.symbol(), &types, true, |b, args| {
         let index = b.index_ty();
@@ -97,12 +105,13 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
         let lanes = opts.f32_lanes;
         match kernel {
             Kernel::Embed { .. } => elementwise::emit_embed(b, kernel, p, d, lanes),
-            Kernel::RmsNorm { .. } => norm::emit_rmsnorm(b, kernel, p, d, lanes),
+            Kernel::Norm { .. } => norm::emit_norm(b, kernel, p, d, lanes),
             Kernel::MatMul { .. } => matmul::emit_matmul(b, kernel, p, d, lanes),
             Kernel::GateUp { .. } => gate_up::emit_gate_up(b, kernel, p, d, lanes),
             Kernel::RopeKv { .. } => rope::emit_rope_kv(b, kernel, p, d, lanes),
             Kernel::Attention { .. } => attention::emit_attention(b, kernel, p, d, lanes),
-            Kernel::SiluMul { .. } => elementwise::emit_silu_mul(b, kernel, p, d, lanes),
+            Kernel::GatedAct { .. } => elementwise::emit_gated_act(b, kernel, p, d, lanes),
+            Kernel::Add { .. } => elementwise::emit_add(b, kernel, p, d, lanes),
             Kernel::ProbeRead { .. } => probe::emit_probe_read(b, kernel, p, d, lanes),
             Kernel::ProbeFma { .. } => probe::emit_probe_fma(b, kernel, p, d, lanes),
         }
@@ -141,24 +150,39 @@ pub fn emit_abi_module(ctx: &Context) -> Module<'_> {
 
 /// The memref types of a kernel's pointer arguments, in ABI order.
 fn arg_types(kernel: &Kernel) -> Vec<String> {
+    // A norm's weight and, for LayerNorm with a bias, its bias.
+    let norm_args = |dim: usize, n: &NormShape| {
+        let mut v = vec![memref(&[dim], elem(n.wdtype))];
+        v.extend(n.bias.map(|b| memref(&[dim], elem(b))));
+        v
+    };
     match kernel {
         Kernel::Embed {
             vocab,
             hidden,
             dtype,
+            positions,
             max_rows,
-        } => vec![
-            memref(&[*max_rows], "i32"),
-            weight_matrix(*vocab, *hidden, *dtype),
-            memref(&[*max_rows, *hidden], "f32"),
-        ],
-        Kernel::RmsNorm {
-            dim, wdtype, max_rows, ..
-        } => vec![
-            memref(&[*max_rows, *dim], "f32"),
-            memref(&[*dim], elem(*wdtype)),
-            memref(&[*max_rows, *dim], "f32"),
-        ],
+            ..
+        } => {
+            let mut v = vec![
+                memref(&[*max_rows], "i32"),
+                weight_matrix(*vocab, *hidden, *dtype),
+                memref(&[*max_rows, *hidden], "f32"),
+            ];
+            v.extend(positions.map(|p| weight_matrix(p.rows, *hidden, p.dtype)));
+            v
+        }
+        Kernel::Norm {
+            dim, norm, max_rows, ..
+        } => {
+            let mut v = vec![memref(&[*max_rows, *dim], "f32")];
+            let mut nw = norm_args(*dim, norm);
+            v.push(nw.remove(0));
+            v.push(memref(&[*max_rows, *dim], "f32"));
+            v.extend(nw);
+            v
+        }
         Kernel::MatMul {
             n,
             k,
@@ -177,7 +201,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
                 v.push(memref(&[*n], elem(*b)));
             }
             if let Some(nm) = norm {
-                v.push(memref(&[*k], elem(nm.wdtype)));
+                v.extend(norm_args(*k, nm));
             }
             v
         }
@@ -188,6 +212,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             up_dtype,
             norm,
             max_rows,
+            ..
         } => {
             let mut v = vec![
                 memref(&[*max_rows, *k], "f32"),
@@ -197,7 +222,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
                 memref(&[*max_rows, *n], "f32"),
             ];
             if let Some(nm) = norm {
-                v.push(memref(&[*k], elem(nm.wdtype)));
+                v.extend(norm_args(*k, nm));
             }
             v
         }
@@ -206,9 +231,9 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             kv_heads,
             head_dim,
             qk_norm,
+            rotary,
             ctx,
             max_rows,
-            ..
         } => {
             let mut v = vec![
                 memref(&[*max_rows, heads * head_dim], "f32"),
@@ -220,6 +245,9 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             if let Some(n) = qk_norm {
                 v.push(memref(&[*head_dim], elem(n.q_dtype)));
                 v.push(memref(&[*head_dim], elem(n.k_dtype)));
+            }
+            if rotary.as_ref().is_some_and(|r| r.long.is_some()) {
+                v.push(memref(&[1], "i32"));
             }
             v
         }
@@ -236,8 +264,10 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             memref(&[kv_heads * ctx, *head_dim], "f32"),
             memref(&[*max_rows, heads * head_dim], "f32"),
         ],
-        // Flat views: the elementwise kernel walks rows * dim contiguous values.
-        Kernel::SiluMul { dim, max_rows } => vec![memref(&[max_rows * dim], "f32"), memref(&[max_rows * dim], "f32")],
+        // Flat views: the elementwise kernels walk rows * dim contiguous values.
+        Kernel::GatedAct { dim, max_rows, .. } | Kernel::Add { dim, max_rows } => {
+            vec![memref(&[max_rows * dim], "f32"), memref(&[max_rows * dim], "f32")]
+        }
         Kernel::ProbeRead { elems } => vec![memref(&[*elems], "f32"), memref(&[64, 16], "f32")],
         Kernel::ProbeFma { .. } => vec![memref(&[64, 16], "f32")],
     }

@@ -1,20 +1,27 @@
-//! Per-row position work between the projections and attention: optional per-head RMSNorm of
-//! q and k (Qwen3), rotary embedding of q and k in place, and the write of k and v into the KV
-//! cache at the row's absolute position.
+//! Per-row position work between the projections and attention: optional per-head norm of
+//! q and k (Qwen3, Gemma 3), the rotary embedding of q and k in place, and the write of k and v
+//! into the KV cache at the row's absolute position.
 //!
-//! The rotation follows Hugging Face's rotate-half convention: element `i` pairs with
-//! `i + head_dim/2`, angle `pos * inv_freq[i]` formed in f32 like the reference, and
-//! `out = x * cos + rotate_half(x) * sin` evaluated with the same operations (no fused multiply-
-//! add), so positions match the reference to rounding of `cos`/`sin`.
+//! The rotation follows the reference's convention: rotate-half pairs element `i` with
+//! `i + dims/2` (Hugging Face, NeoX), GPT-J pairs `2i` with `2i + 1`; only the first `dims`
+//! elements of a head rotate (partial rotary), the rest pass through. The angle
+//! `pos * inv_freq[i]` is formed in f32 like the reference, cos and sin are scaled by the
+//! attention factor when there is one, and `out = x * cos + rotate(x) * sin` is evaluated with
+//! the same operations (no fused multiply-add), so positions match the reference to rounding
+//! of `cos`/`sin`. A LongRoPE embedding reads the current call's sequence end and takes the long
+//! frequencies when it passes the pretraining context, as `transformers` does per forward call.
 
-use super::norm::{inv_rms, scale_row};
+use super::norm::{NormWeights, Row, normalize_row};
 use super::{Dyn, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
-use kiln_core::{DType, Kernel};
+use kiln_core::kernel::QkNorm;
+use kiln_core::{Kernel, NormShape, Pairing, Rotary};
 use melior::ir::Value;
 
 /// Name of the module-private table of inverse frequencies.
 pub const INV_FREQ: &str = "kiln_inv_freq";
+/// Name of the module-private table of LongRoPE's long-context inverse frequencies.
+pub const INV_FREQ_LONG: &str = "kiln_inv_freq_long";
 
 pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
     let Kernel::RopeKv {
@@ -22,7 +29,7 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
         kv_heads,
         head_dim,
         qk_norm,
-        inv_freq,
+        rotary,
         ctx,
         ..
     } = kernel
@@ -30,24 +37,14 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
         unreachable!()
     };
     let (q, k, v, kc, vc) = (p[0], p[1], p[2], p[3], p[4]);
-    let norms = qk_norm
+    let norms = qk_norm.as_ref().map(|n| (n, p[5], p[6]));
+    let seq_end = rotary
         .as_ref()
-        .map(|n| (p[5], n.q_dtype, p[6], n.k_dtype, n.eps.get()));
-    let half = head_dim / 2;
-    let table_ty = b.ty(&format!("memref<{}xf32>", inv_freq.len()));
-    let table = b.op(
-        "memref.get_global",
-        &[],
-        &[table_ty],
-        &[("name", b.attr(&format!("@{INV_FREQ}")))],
-    )[0];
+        .filter(|r| r.long.is_some())
+        .map(|_| p[5 + 2 * qk_norm.is_some() as usize]);
+    let angles = rotary.as_ref().map(|r| Angles::new(b, r, seq_end));
 
     let per_row = heads + kv_heads;
-    // cos and sin of this row's angles, computed once per row and thread rather than once per
-    // head (scalar `cos`/`sin` calls were most of this kernel's time).
-    let trig_ty = format!("memref<{half}xf32>");
-    let cos_buf = b.alloca(&trig_ty);
-    let sin_buf = b.alloca(&trig_ty);
     let total = b.muli(d.rows, b.idx(per_row));
     let (start, end) = thread_range(b, total, d, 1);
     let one = b.idx(1);
@@ -59,39 +56,34 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
         let r1 = b.addi(b.divui(b.subi(end, one), per_row_c), one);
         b.for_each(r0, r1, one, |b, r| {
             let position = b.addi(d.pos, r);
-            let pos_f = b.index_to_f32(position);
-            let (lo, hi) = (b.idx(0), b.idx(half));
-            b.for_each(lo, hi, one, |b, i| {
-                let angle = b.mulf(pos_f, b.load_f32(table, &[i], 1));
-                b.store(b.cos(angle), cos_buf, &[i]);
-                b.store(b.sin(angle), sin_buf, &[i]);
-            });
+            // cos and sin of this row's angles, computed once per row and thread rather than
+            // once per head (scalar `cos`/`sin` calls were most of this kernel's time).
+            let trig = angles.as_ref().map(|a| a.trig(b, position));
             let row0 = b.muli(r, per_row_c);
             let h_lo = b.subi(super::max_index(b, start, row0), row0);
             let h_hi = b.subi(b.minui(end, b.addi(row0, per_row_c)), row0);
             b.for_each(h_lo, h_hi, one, |b, h| {
-                let trig = Trig {
-                    cos: cos_buf,
-                    sin: sin_buf,
-                    half,
-                };
                 let is_q = b.cmpi(Cmp::Ult, h, b.idx(*heads));
                 // A query head.
                 b.if_then(is_q, |b| {
                     let c0 = b.muli(h, b.idx(*head_dim));
-                    if let Some((qn, qdt, _, _, eps)) = norms {
-                        head_norm(b, q, r, c0, qn, qdt, eps, *head_dim, max_lanes);
+                    if let Some((n, qn, _)) = norms {
+                        head_norm(b, q, r, c0, n, qn, n.q_dtype, *head_dim, max_lanes);
                     }
-                    rotate(b, q, r, c0, trig, max_lanes);
+                    if let Some(t) = trig {
+                        rotate(b, q, r, c0, t, max_lanes);
+                    }
                 });
-                // A key/value head: rotate k, then store k and v rows into the caches.
+                // A key/value head: norm and rotate k, then store k and v rows into the caches.
                 let is_kv = b.cmpi(Cmp::Uge, h, b.idx(*heads));
                 b.if_then(is_kv, |b| {
                     let c0 = b.muli(b.subi(h, b.idx(*heads)), b.idx(*head_dim));
-                    if let Some((_, _, kn, kdt, eps)) = norms {
-                        head_norm(b, k, r, c0, kn, kdt, eps, *head_dim, max_lanes);
+                    if let Some((n, _, kn)) = norms {
+                        head_norm(b, k, r, c0, n, kn, n.k_dtype, *head_dim, max_lanes);
                     }
-                    rotate(b, k, r, c0, trig, max_lanes);
+                    if let Some(t) = trig {
+                        rotate(b, k, r, c0, t, max_lanes);
+                    }
                     let lanes = lanes_for(*head_dim, max_lanes);
                     let (lo, hi, step) = (b.idx(0), b.idx(*head_dim), b.idx(lanes));
                     // Cache row of this head and position (head-major caches).
@@ -108,34 +100,130 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
     });
 }
 
+/// The frequency tables of a rotary embedding and this thread's cos/sin buffers.
+struct Angles<'c, 'a> {
+    rotary: &'a Rotary,
+    table: Value<'c, 'a>,
+    /// LongRoPE: the long table, and whether this call uses it.
+    long: Option<(Value<'c, 'a>, Value<'c, 'a>)>,
+    cos: Value<'c, 'a>,
+    sin: Value<'c, 'a>,
+}
+
+impl<'c, 'a> Angles<'c, 'a> {
+    fn new(b: Kb<'c, 'a>, rotary: &'a Rotary, seq_end: Option<Value<'c, 'a>>) -> Angles<'c, 'a> {
+        let half = rotary.dims / 2;
+        let get = |name: &str| {
+            let ty = b.ty(&format!("memref<{half}xf32>"));
+            b.op(
+                "memref.get_global",
+                &[],
+                &[ty],
+                &[("name", b.attr(&format!("@{name}")))],
+            )[0]
+        };
+        let long = rotary.long.as_ref().map(|l| {
+            let end = b.load_i32_index(seq_end.expect("a LongRoPE kernel takes seq_end"), &[b.idx(0)]);
+            (get(INV_FREQ_LONG), b.cmpi(Cmp::Ugt, end, b.idx(l.original)))
+        });
+        let trig_ty = format!("memref<{half}xf32>");
+        Angles {
+            rotary,
+            table: get(INV_FREQ),
+            long,
+            cos: b.alloca(&trig_ty),
+            sin: b.alloca(&trig_ty),
+        }
+    }
+
+    /// Fills the cos/sin buffers for `position` and returns them.
+    fn trig<'x>(&self, b: Kb<'c, 'x>, position: Value<'c, '_>) -> Trig<'c, 'a> {
+        let half = self.rotary.dims / 2;
+        let pos_f = b.index_to_f32(position);
+        let (lo, hi, one) = (b.idx(0), b.idx(half), b.idx(1));
+        b.for_each(lo, hi, one, |b, i| {
+            let mut inv = b.load_f32(self.table, &[i], 1);
+            if let Some((long, use_long)) = self.long {
+                inv = b.select(use_long, b.load_f32(long, &[i], 1), inv);
+            }
+            let angle = b.mulf(pos_f, inv);
+            let (mut cos, mut sin) = (b.cos(angle), b.sin(angle));
+            if let Some(m) = self.rotary.mscale {
+                cos = b.mulf(cos, b.f32c(m.get()));
+                sin = b.mulf(sin, b.f32c(m.get()));
+            }
+            b.store(cos, self.cos, &[i]);
+            b.store(sin, self.sin, &[i]);
+        });
+        Trig {
+            cos: self.cos,
+            sin: self.sin,
+            half,
+            pairing: self.rotary.pairing,
+        }
+    }
+}
+
 /// The cos and sin of one row's angles, `half` of each.
 #[derive(Clone, Copy)]
 struct Trig<'c, 'a> {
     cos: Value<'c, 'a>,
     sin: Value<'c, 'a>,
     half: usize,
+    pairing: Pairing,
 }
 
-/// RMSNorm of one head in place.
+/// The q/k norm of one head, in place.
 #[allow(clippy::too_many_arguments)]
 fn head_norm<'c>(
     b: Kb<'c, '_>,
     x: Value<'c, '_>,
     r: Value<'c, '_>,
     c0: Value<'c, '_>,
+    n: &QkNorm,
     w: Value<'c, '_>,
-    wdtype: DType,
-    eps: f32,
+    wdtype: kiln_core::DType,
     dim: usize,
     max_lanes: usize,
 ) {
-    let inv = inv_rms(b, x, r, c0, dim, eps, max_lanes);
-    scale_row(b, x, r, c0, w, wdtype, inv, x, r, c0, dim, max_lanes);
+    let shape = NormShape {
+        kind: n.kind,
+        eps: n.eps,
+        wdtype,
+        bias: None,
+    };
+    let row = Row { mem: x, r, c0 };
+    normalize_row(
+        b,
+        &shape,
+        NormWeights { w, bias: None },
+        row,
+        row,
+        dim,
+        max_lanes,
+        false,
+    );
 }
 
-/// Rotates the pairs `(c0 + i, c0 + i + half)` of row `r` by the row's angles, a vector of
-/// pairs at a time (the same multiplies and adds, lane by lane, as one pair at a time).
+/// Rotates the pairs of the head at column `c0` of row `r` by the row's angles: for
+/// rotate-half pairs `(c0 + i, c0 + i + half)` a vector of pairs at a time (the same
+/// multiplies and adds, lane by lane, as one pair at a time), for GPT-J pairs
+/// `(c0 + 2i, c0 + 2i + 1)` one pair at a time.
 fn rotate<'c>(b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, c0: Value<'c, '_>, t: Trig<'c, '_>, max_lanes: usize) {
+    if t.pairing == Pairing::Adjacent {
+        let (lo, hi, one) = (b.idx(0), b.idx(t.half), b.idx(1));
+        b.for_each(lo, hi, one, |b, i| {
+            let cos = b.load_f32(t.cos, &[i], 1);
+            let sin = b.load_f32(t.sin, &[i], 1);
+            let c1 = b.addi(c0, b.muli(i, b.idx(2)));
+            let c2 = b.addi(c1, b.idx(1));
+            let x1 = b.load_f32(x, &[r, c1], 1);
+            let x2 = b.load_f32(x, &[r, c2], 1);
+            b.store(b.subf(b.mulf(x1, cos), b.mulf(x2, sin)), x, &[r, c1]);
+            b.store(b.addf(b.mulf(x2, cos), b.mulf(x1, sin)), x, &[r, c2]);
+        });
+        return;
+    }
     let lanes = lanes_for(t.half, max_lanes);
     let (lo, hi, step) = (b.idx(0), b.idx(t.half), b.idx(lanes));
     b.for_each(lo, hi, step, |b, i| {

@@ -127,6 +127,8 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                 vocab: VOCAB,
                 hidden: 2 * dtype.block_elems(),
                 dtype,
+                scale: None,
+                positions: None,
                 max_rows,
             });
         }
@@ -140,6 +142,8 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                     bias,
                     accumulate,
                     norm: None,
+                    act: None,
+                    softcap: None,
                     max_rows,
                 });
             }
@@ -170,6 +174,8 @@ fn embed_all(lib: &TestLib, dtype: DType, hidden: usize, table: &mut [u8], rows:
         vocab,
         hidden,
         dtype,
+        scale: None,
+        positions: None,
         max_rows: rows,
     };
     let mut out = Vec::new();
@@ -261,6 +267,8 @@ fn quantised_matmuls_prefill_and_decode() {
                     bias: bias_t,
                     accumulate,
                     norm: None,
+                    act: None,
+                    softcap: None,
                     max_rows: ROWS,
                 };
                 let decode = Kernel::MatMul {
@@ -270,6 +278,8 @@ fn quantised_matmuls_prefill_and_decode() {
                     bias: bias_t,
                     accumulate,
                     norm: None,
+                    act: None,
+                    softcap: None,
                     max_rows: 1,
                 };
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
@@ -350,10 +360,14 @@ fn model_kernels_accepts_quantised_matrices_only() {
         f32_lanes: 8,
         target_cpu: None,
     };
+    let set = |s: &mut kiln_core::ModelSpec, name: &str, dtype| {
+        let id = s.weight_named(name).expect("a tensor of the test spec");
+        s.weights[id.0 as usize].dtype = dtype;
+    };
     let mut s = super::spec(false, None);
-    s.embed_dtype = DType::Q8_0;
-    s.layers[0].dtypes.q = DType::Q4_0;
-    s.layers[1].dtypes.gate = DType::Q5_1;
+    set(&mut s, "embed", DType::Q8_0);
+    set(&mut s, "0.q", DType::Q4_0);
+    set(&mut s, "1.gate", DType::Q5_1);
     let kernels = crate::model_kernels(&s, &options).expect("quantised matrices with whole blocks compile");
     assert!(
         kernels
@@ -373,18 +387,18 @@ fn model_kernels_accepts_quantised_matrices_only() {
     );
 
     let mut bad = s.clone();
-    bad.layers[0].dtypes.k = DType::Q4K; // rows of 64 values, super-blocks of 256
+    set(&mut bad, "0.k", DType::Q4K); // rows of 64 values, super-blocks of 256
     let err = crate::model_kernels(&bad, &options).unwrap_err().to_string();
     assert!(
-        err.contains("k_proj") && err.contains("not a whole number of 256-value blocks"),
+        err.contains("0.k") && err.contains("not a whole number of 256-value blocks"),
         "{err}"
     );
 
     let mut bad = s.clone();
-    bad.layers[1].dtypes.mlp_norm = DType::Q8_0;
+    set(&mut bad, "1.mlp_norm", DType::Q8_0);
     let err = crate::model_kernels(&bad, &options).unwrap_err().to_string();
     assert!(
-        err.contains("post_attention_layernorm") && err.contains("not for norms or biases"),
+        err.contains("1.mlp_norm") && err.contains("not for norms or biases"),
         "{err}"
     );
 }
@@ -414,6 +428,8 @@ fn quant_speed() {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                act: None,
+                softcap: None,
                 max_rows,
             })
         })
@@ -446,6 +462,8 @@ fn quant_speed() {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                act: None,
+                softcap: None,
                 max_rows,
             };
             let mut x = rng.vec(max_rows * k);
@@ -515,6 +533,8 @@ fn decode_sweep() {
         bias: None,
         accumulate: false,
         norm: None,
+        act: None,
+        softcap: None,
         max_rows: 1,
     };
     let probe = Kernel::ProbeRead {
@@ -562,24 +582,9 @@ fn decode_sweep() {
                 let (probe, probe_lib) = (&probe, &probe_lib);
                 s.spawn(move || {
                     let f = probe_lib.get(probe);
-                    let null = std::ptr::null_mut();
+                    let a = super::slots(&[ptrs[1] as *mut u8, sums_addr as *mut u8], std::ptr::null_mut());
                     // SAFETY: the weight buffer holds `elems` f32; `sums` 64 x 16 f32.
-                    unsafe {
-                        f(
-                            ptrs[1] as *mut u8,
-                            sums_addr as *mut u8,
-                            null,
-                            null,
-                            null,
-                            null,
-                            null,
-                            null,
-                            1,
-                            0,
-                            tid,
-                            2,
-                        )
-                    };
+                    unsafe { kiln_core::abi::invoke(*f, a, 1, 0, tid, 2) };
                 });
             }
         });
@@ -594,24 +599,9 @@ fn decode_sweep() {
                     s.spawn(move || {
                         let f = lib.get(kernel);
                         let p = |i: usize| ptrs[i] as *mut u8;
-                        let null = std::ptr::null_mut();
+                        let a = super::slots(&[p(0), p(1), p(2)], work_addr as *mut u8);
                         // SAFETY: buffers match the kernel's shapes; threads write disjoint outputs.
-                        unsafe {
-                            f(
-                                p(0),
-                                p(1),
-                                p(2),
-                                null,
-                                null,
-                                null,
-                                null,
-                                work_addr as *mut u8,
-                                1,
-                                0,
-                                tid,
-                                2,
-                            )
-                        };
+                        unsafe { kiln_core::abi::invoke(*f, a, 1, 0, tid, 2) };
                     });
                 }
             });

@@ -98,7 +98,7 @@ pub enum GgufError {
     #[error(
         "{}: unknown architecture \"{name}\" (supported: {})",
         path.display(),
-        super::model::SUPPORTED_ARCHITECTURES.join(", ")
+        kiln_core::arch::gguf_names().join(", ")
     )]
     UnknownArchitecture { path: PathBuf, name: String },
 

@@ -5,7 +5,7 @@
 //! ```no_run
 //! let model = kiln_formats::gguf::load(std::path::Path::new("/models/SmolLM2-135M.Q4_1.gguf"))?;
 //! println!("{} layers, eos {:?}", model.spec.num_layers(), model.eos_token_ids);
-//! let q = model.weights.tensor(kiln_core::WeightId::Layer(0, kiln_core::LayerWeight::Q))?;
+//! let q = model.weights.named("blk.0.attn_q.weight").expect("a llama-family file");
 //! println!("{} {:?} at {:p}", q.dtype, q.shape, q.ptr());
 //! let ids = model.tokenizer.encode("<|im_start|>user\nHi<|im_end|>", false)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -15,8 +15,8 @@
 //!
 //! * [`parse`]: the container (GGUF v2/v3 header, metadata, tensor table), every length and
 //!   offset checked against the file; never panics (fuzzed, see `fuzz/`).
-//! * [`model`]: metadata and tensor table to a validated [`ModelSpec`] (`llama`, `qwen2`,
-//!   `qwen3`), each tensor checked against `weight_list(spec)`.
+//! * [`model`]: metadata and tensor table to a validated [`ModelSpec`], built by the
+//!   architecture's file in [`kiln_core::arch`]; each tensor checked against the spec.
 //! * [`permute`]: undoing llama.cpp's q/k row permutation of `llama` files.
 //! * [`weights`]: [`GgufWeights`], the tensors by [`kiln_core::WeightId`] (pointer, type,
 //!   shape), also an [`kiln_engine::engine::WeightSource`]; `dequantize_to` for `--dequantize`.
@@ -111,13 +111,13 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
     let (map, header) = open(path)?;
     let spec = model::spec_from_header(&header, &map, path)?;
     let vocab = tokenizer::vocab_from_header(&header, path)?;
-    if vocab.tokens.len() > spec.vocab_size {
+    if vocab.tokens.len() > spec.dims.vocab_size {
         return Err(GgufError::InvalidModel {
             path: path.to_path_buf(),
             message: format!(
                 "tokenizer.ggml.tokens has {} tokens, but token_embd.weight has only {} rows",
                 vocab.tokens.len(),
-                spec.vocab_size
+                spec.dims.vocab_size
             ),
         });
     }

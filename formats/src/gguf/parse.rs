@@ -212,6 +212,14 @@ impl Array {
         }
     }
 
+    /// Every element, for arrays of strings.
+    pub fn to_strings(&self) -> Option<Vec<String>> {
+        match self {
+            Array::String(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
     /// Every element as an `f64`, for numeric arrays.
     pub fn to_f64s(&self) -> Option<Vec<f64>> {
         Some(match self {

@@ -14,13 +14,11 @@
 
 use super::dequant;
 use super::error::GgufError;
-use super::model::{gguf_tensor_name, qk_permuted};
 use super::parse::{GgufHeader, TensorInfo};
 use super::permute::{reorder_rows, unpermute_rows};
-use kiln_core::weights::weight_list;
-use kiln_core::{DType, LayerWeight, ModelSpec, WeightId};
+use kiln_core::spec::Layout;
+use kiln_core::{DType, ModelSpec, WeightId};
 use memmap2::Mmap;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The alignment every tensor's data is guaranteed to have.
@@ -119,45 +117,37 @@ pub struct GgufWeights {
     map: Mmap,
     header: GgufHeader,
     spec: ModelSpec,
-    entries: HashMap<WeightId, Entry>,
+    /// One per tensor of the spec, in its order (indexed by [`WeightId`]).
+    entries: Vec<Entry>,
     reordered_bytes: usize,
 }
 
 impl GgufWeights {
-    /// Binds the tensors of `weight_list(spec)` in `map` (whose parsed header is `header`),
-    /// checking each for presence, shape and storage type, and reorders the q/k rows of
-    /// llama-architecture models.
+    /// Binds the tensors of `spec` in `map` (whose parsed header is `header`), checking each
+    /// for presence, shape and storage type, and reorders the q/k rows llama.cpp permuted.
     pub fn new(path: &Path, map: Mmap, header: GgufHeader, spec: &ModelSpec) -> Result<GgufWeights, GgufError> {
         super::model::check_tensors(&header, spec, path, true)?;
-        let mut entries = HashMap::new();
+        let mut entries = Vec::with_capacity(spec.weights.len());
         let mut reordered_bytes = 0;
-        let index: HashMap<&str, usize> = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.as_str(), i))
-            .collect();
-        for req in weight_list(spec) {
-            let name = gguf_tensor_name(req.id);
-            // Present: `check_tensors` passed.
-            let Some(&i) = index.get(name.as_str()) else {
-                continue;
-            };
+        for req in &spec.weights {
+            let i = header
+                .tensors
+                .iter()
+                .position(|t| t.name == req.name)
+                .expect("present: check_tensors passed");
             let t: &TensorInfo = &header.tensors[i];
             // The header was parsed from this map, so these are in bounds.
             let (start, end) = (t.start as usize, (t.start + t.size) as usize);
             let bytes = &map[start..end];
-            let heads = match req.id {
-                WeightId::Layer(_, LayerWeight::Q | LayerWeight::QBias) => Some(spec.num_heads),
-                WeightId::Layer(_, LayerWeight::K | LayerWeight::KBias) => Some(spec.num_kv_heads),
-                _ => None,
-            };
-            let storage = match heads {
-                Some(heads) if qk_permuted(spec.arch) => {
+            let storage = match req.layout {
+                Layout::RopePermuted { heads } => {
                     let rows = req.shape[0];
                     let mapping = unpermute_rows(rows, heads).ok_or_else(|| GgufError::InvalidModel {
                         path: path.to_path_buf(),
-                        message: format!("tensor {name} has {rows} rows, not a multiple of 2 x {heads} heads"),
+                        message: format!(
+                            "tensor {} has {rows} rows, not a multiple of 2 x {heads} heads",
+                            req.name
+                        ),
                     })?;
                     let mut buf = AlignedBuf::zeroed(bytes.len());
                     reorder_rows(bytes, buf.as_mut_slice(), bytes.len() / rows, &mapping);
@@ -171,14 +161,11 @@ impl GgufWeights {
                 }
                 _ => Storage::Mapped { start, end },
             };
-            entries.insert(
-                req.id,
-                Entry {
-                    info: i,
-                    shape: req.shape.clone(),
-                    storage,
-                },
-            );
+            entries.push(Entry {
+                info: i,
+                shape: req.shape.clone(),
+                storage,
+            });
         }
         Ok(GgufWeights {
             path: path.to_path_buf(),
@@ -216,17 +203,15 @@ impl GgufWeights {
     }
 
     /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
-    /// Face order. With tied embeddings, [`WeightId::LmHead`] resolves to the embedding table.
+    /// Face order.
     pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {
-        let id = match id {
-            WeightId::LmHead if self.spec.tie_word_embeddings => WeightId::Embed,
-            id => id,
-        };
-        let entry = self.entries.get(&id).ok_or_else(|| GgufError::MissingTensor {
-            path: self.path.clone(),
-            tensor: gguf_tensor_name(id),
-            weight: id.hf_name(),
-        })?;
+        let entry = self
+            .entries
+            .get(id.0 as usize)
+            .ok_or_else(|| GgufError::InvalidRequest {
+                path: self.path.clone(),
+                message: format!("no weight {} in the spec", id.0),
+            })?;
         let info = &self.header.tensors[entry.info];
         let (data, reordered) = match &entry.storage {
             Storage::Mapped { start, end } => (&self.map[*start..*end], false),
@@ -239,6 +224,11 @@ impl GgufWeights {
             data,
             reordered,
         })
+    }
+
+    /// The tensor called `name` in the file, if the spec reads it.
+    pub fn named(&self, name: &str) -> Option<GgufTensor<'_>> {
+        self.tensor(self.spec.weight_named(name)?).ok()
     }
 
     /// The raw bytes of any tensor of the file by its GGUF name, as stored (not reordered).

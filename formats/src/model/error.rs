@@ -3,7 +3,6 @@
 //! Every variant's `Display` is a single line that names the file (and the field or tensor when
 //! there is one) and says what was expected, so the CLI can print it as is.
 
-use kiln_core::Arch;
 use std::path::PathBuf;
 
 /// Why a model folder could not be read. See the module documentation.
@@ -51,7 +50,7 @@ pub enum ModelError {
     #[error(
         "{}: unknown architecture \"{name}\" (supported: {})",
         path.display(),
-        Arch::HF_NAMES.join(", ")
+        kiln_core::arch::hf_names().join(", ")
     )]
     UnknownArchitecture { path: PathBuf, name: String },
 

@@ -5,14 +5,13 @@
 //! ```no_run
 //! let model = kiln_formats::model::load(std::path::Path::new("/models/Qwen3-0.6B"))?;
 //! println!("{} layers, eos {:?}", model.spec.num_layers(), model.config.eos_token_ids);
-//! let embed = model.weights.tensor(kiln_core::WeightId::Embed)?;
+//! let embed = model.weights.get("model.embed_tokens.weight")?;
 //! # Ok::<(), kiln_formats::model::ModelError>(())
 //! ```
 //!
-//! The spec's dimensions come from `config.json` (see [`config`] for how each field and its
-//! default is read); its storage types (`embed_dtype`, `final_norm_dtype`, `lm_head_dtype`, each
-//! layer's [`kiln_core::LayerDTypes`]) come from the tensors actually found in the files, after
-//! each has been checked for presence and shape. Every failure is one [`ModelError`] whose
+//! The spec's layout comes from `config.json` (see [`config`] and the architecture files of
+//! [`kiln_core::arch`] for how each field and its default is read); the storage type of each of
+//! its tensors comes from the files, after each has been checked for presence and shape. Every failure is one [`ModelError`] whose
 //! message names the file and the field or tensor concerned. No input makes this code panic.
 
 pub mod config;
@@ -26,7 +25,7 @@ pub use config::ModelConfig;
 pub use error::ModelError;
 pub use weights::{TensorView, Weights};
 
-use kiln_core::{DType, ModelSpec};
+use kiln_core::ModelSpec;
 use std::path::{Path, PathBuf};
 
 /// A model folder, read and checked.
@@ -46,18 +45,12 @@ pub struct LoadedModel {
 /// `config.json` itself (the weights are then looked for next to it).
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     let (dir, config_path) = locate(path)?;
-    let config = ModelConfig::from_file(&config_path)?;
     // The layout (which tensors, which shapes) is known from the config alone and checked
     // first, so config mistakes are reported as such rather than as weight mismatches.
-    let layout = config.uniform_spec(DType::F32)?;
+    let config = ModelConfig::from_file(&config_path)?;
     let weights = Weights::open(&dir)?;
-    let dtypes = weights.check_layout(&layout)?;
-    let spec = config.spec(|id| match dtypes.get(&id) {
-        Some(&dtype) => Ok(dtype),
-        // `check_layout` covered every tensor of the layout; ask the files again so that a
-        // mismatch between the two lists still gives a precise message instead of a panic.
-        None => weights.tensor(id).map(|t| t.dtype),
-    })?;
+    let dtypes = weights.check_layout(&config.layout)?;
+    let spec = config.spec(|i, _| Ok(dtypes[i]))?;
     weights.check(&spec)?;
     Ok(LoadedModel {
         dir,

@@ -15,13 +15,13 @@
 //! once, at open, into an owned 8-byte-aligned buffer, so it still works at the cost of that
 //! tensor's memory; all other tensors are never copied.
 
-use super::config::{describe, read_text};
+use super::config::read_text;
 use super::error::ModelError;
-use kiln_core::weights::{WeightReq, weight_list};
-use kiln_core::{DType, ModelSpec, WeightId};
+use kiln_core::arch::params::describe;
+use kiln_core::{DType, ModelSpec, Tensor};
 use memmap2::Mmap;
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 
@@ -476,45 +476,49 @@ impl Weights {
         })
     }
 
-    /// The tensor holding a model weight (looked up by its Hugging Face name). With tied
-    /// embeddings the head reads [`WeightId::Embed`]; `lm_head.weight` is then never needed.
-    pub fn tensor(&self, id: WeightId) -> Result<TensorView<'_>, ModelError> {
-        self.get(&id.hf_name())
+    /// The tensor a spec names: `name`, or, when a checkpoint was saved without its base
+    /// model's prefix (GPT-2's `transformer.`), `name` without its first component.
+    pub fn lookup(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        match self.get(name) {
+            Err(ModelError::MissingTensor { .. }) if self.tensors.contains_key(unprefixed(name)) => {
+                self.get(unprefixed(name))
+            }
+            other => other,
+        }
     }
 
-    /// Checks one required tensor's presence, shape and type support; returns its type.
-    fn check_req(&self, req: &WeightReq) -> Result<(DType, TensorView<'_>), ModelError> {
-        let t = self.tensor(req.id)?;
-        if t.shape != req.shape.as_slice() {
+    /// Checks one required tensor's presence, shape (as stored, see
+    /// [`kiln_core::spec::Layout`]) and type support; returns its type.
+    fn check_req(&self, req: &Tensor) -> Result<(DType, TensorView<'_>), ModelError> {
+        let t = self.lookup(&req.name)?;
+        let expected = req.stored_shape();
+        if t.shape != expected.as_slice() {
             return Err(ModelError::ShapeMismatch {
-                tensor: req.id.hf_name(),
+                tensor: req.name.clone(),
                 path: t.path.to_path_buf(),
                 found: t.shape.to_vec(),
-                expected: req.shape.clone(),
+                expected,
             });
         }
         Ok((t.dtype, t))
     }
 
-    /// Checks every tensor `layout` needs (presence, shape, a readable type) without looking
-    /// at the types `layout` records, and returns the type each is stored in. Used with a
-    /// spec from [`super::ModelConfig::uniform_spec`] to learn the real types.
-    pub fn check_layout(&self, layout: &ModelSpec) -> Result<BTreeMap<WeightId, DType>, ModelError> {
-        weight_list(layout)
-            .iter()
-            .map(|req| Ok((req.id, self.check_req(req)?.0)))
-            .collect()
+    /// Checks every tensor `layout` reads (presence, shape, a readable type) without looking
+    /// at the types `layout` records, and returns the type each is stored in, in the spec's
+    /// order. Used with the config's layout to learn the real types.
+    pub fn check_layout(&self, layout: &ModelSpec) -> Result<Vec<DType>, ModelError> {
+        layout.weights.iter().map(|req| Ok(self.check_req(req)?.0)).collect()
     }
 
-    /// Checks every tensor of [`weight_list`]`(spec)`: present, of the expected shape and
-    /// stored in exactly the type the spec records. Extra tensors (rotary buffers, an
-    /// `lm_head.weight` next to tied embeddings) are ignored.
+    /// Checks every tensor of `spec`: present, of the expected shape and stored in exactly the
+    /// type the spec records. Extra tensors (rotary buffers, an `lm_head.weight` next to tied
+    /// embeddings) are ignored.
     pub fn check(&self, spec: &ModelSpec) -> Result<(), ModelError> {
-        for req in weight_list(spec) {
-            let (dtype, t) = self.check_req(&req)?;
+        for req in &spec.weights {
+            let (dtype, t) = self.check_req(req)?;
             if dtype != req.dtype {
                 return Err(ModelError::DTypeMismatch {
-                    tensor: req.id.hf_name(),
+                    tensor: req.name.clone(),
                     path: t.path.to_path_buf(),
                     found: dtype.name().to_string(),
                     expected: req.dtype.name().to_string(),
@@ -523,6 +527,11 @@ impl Weights {
         }
         Ok(())
     }
+}
+
+/// `name` without its first dotted component.
+fn unprefixed(name: &str) -> &str {
+    name.split_once('.').map_or(name, |(_, rest)| rest)
 }
 
 /// One-line rendering of a header entry, shortened.

@@ -1,0 +1,378 @@
+//! The operations of a model's forward pass, over named buffers and weight tensors.
+//!
+//! An architecture file lists them once; [`super::lower`] turns them into kernel calls for each
+//! regime (prefill blocks, one decode row, the output head on the last row), fusing where a
+//! regime gains from it.
+
+use crate::ops::{Act, F32Bits, NormKind, Rotary};
+use crate::spec::{BufId, Elem, ModelSpec, Role, Rows, WeightId, WeightRef};
+use serde::{Deserialize, Serialize};
+
+/// One operation. `layer` tags it for profiles and layer-by-layer debugging; `head` marks the
+/// operations after the last layer that run on the last row of a block only (final norm,
+/// output head).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    pub kind: OpKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<usize>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub head: bool,
+}
+
+/// A normalisation with its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Norm {
+    pub kind: NormKind,
+    pub eps: F32Bits,
+    pub weight: WeightId,
+    /// LayerNorm's bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<WeightId>,
+}
+
+/// Per-head normalisation of q and k before the rotary embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QkNormOp {
+    pub kind: NormKind,
+    pub eps: F32Bits,
+    pub q: WeightId,
+    pub k: WeightId,
+}
+
+/// What an operation computes. Widths come from the buffers and tensors it names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum OpKind {
+    /// `out[r] = table[tokens[r]] (* scale) (+ positions[pos + r])`.
+    Embed {
+        tokens: BufId,
+        table: WeightId,
+        out: BufId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale: Option<F32Bits>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        positions: Option<WeightId>,
+    },
+    /// `out = norm(x)`, or `out += norm(x)` when `accumulate`.
+    Norm {
+        x: BufId,
+        out: BufId,
+        norm: Norm,
+        accumulate: bool,
+    },
+    /// `out = softcap(act(x @ w^T + bias))`, or `out += ...` when `accumulate`.
+    Linear {
+        x: BufId,
+        w: WeightRef,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bias: Option<WeightRef>,
+        out: BufId,
+        accumulate: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        act: Option<Act>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<F32Bits>,
+    },
+    /// Per-head q/k norm, rotary embedding of q and k, and the write of k and v into the caches
+    /// at each row's position.
+    RopeKv {
+        q: BufId,
+        k: BufId,
+        v: BufId,
+        k_cache: BufId,
+        v_cache: BufId,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        rotary: Option<Rotary>,
+        qk_norm: Option<QkNormOp>,
+    },
+    /// Causal grouped-query attention over the caches.
+    Attention {
+        q: BufId,
+        k_cache: BufId,
+        v_cache: BufId,
+        out: BufId,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        scale: F32Bits,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<F32Bits>,
+    },
+    /// `gate = act(gate) * up`.
+    GatedAct { gate: BufId, up: BufId, act: Act },
+    /// `x += y`.
+    Add { x: BufId, y: BufId },
+}
+
+impl OpKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Embed { .. } => "embed",
+            OpKind::Norm { .. } => "norm",
+            OpKind::Linear { .. } => "linear",
+            OpKind::RopeKv { .. } => "rope_kv",
+            OpKind::Attention { .. } => "attention",
+            OpKind::GatedAct { .. } => "gated_act",
+            OpKind::Add { .. } => "add",
+        }
+    }
+
+    /// Buffers the operation reads (in-place and accumulating outputs included).
+    pub fn reads(&self) -> Vec<BufId> {
+        match *self {
+            OpKind::Embed { tokens, .. } => vec![tokens],
+            OpKind::Norm { x, out, accumulate, .. } => {
+                [Some(x), accumulate.then_some(out)].into_iter().flatten().collect()
+            }
+            OpKind::Linear { x, out, accumulate, .. } => {
+                [Some(x), accumulate.then_some(out)].into_iter().flatten().collect()
+            }
+            OpKind::RopeKv { q, k, v, .. } => vec![q, k, v],
+            OpKind::Attention {
+                q, k_cache, v_cache, ..
+            } => vec![q, k_cache, v_cache],
+            OpKind::GatedAct { gate, up, .. } => vec![gate, up],
+            OpKind::Add { x, y } => vec![x, y],
+        }
+    }
+
+    /// Buffers the operation writes.
+    pub fn writes(&self) -> Vec<BufId> {
+        match *self {
+            OpKind::Embed { out, .. }
+            | OpKind::Norm { out, .. }
+            | OpKind::Linear { out, .. }
+            | OpKind::Attention { out, .. } => vec![out],
+            OpKind::RopeKv {
+                q, k, k_cache, v_cache, ..
+            } => vec![q, k, k_cache, v_cache],
+            OpKind::GatedAct { gate, .. } => vec![gate],
+            OpKind::Add { x, .. } => vec![x],
+        }
+    }
+
+    /// Weights read whole (directly or through views), and tables only gathered from, a row
+    /// at a time.
+    pub fn weights_read(&self) -> (Vec<WeightId>, Vec<WeightId>) {
+        match self {
+            OpKind::Embed { table, positions, .. } => {
+                (Vec::new(), [Some(*table), *positions].into_iter().flatten().collect())
+            }
+            OpKind::Norm { norm, .. } => (norm_weights(norm).collect(), Vec::new()),
+            OpKind::Linear { w, bias, .. } => (
+                [Some(w.id), bias.map(|b| b.id)].into_iter().flatten().collect(),
+                Vec::new(),
+            ),
+            OpKind::RopeKv { qk_norm, .. } => (qk_norm.iter().flat_map(|n| [n.q, n.k]).collect(), Vec::new()),
+            OpKind::Attention { .. } | OpKind::GatedAct { .. } | OpKind::Add { .. } => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// Checks widths and views against `spec`; see [`ModelSpec::validate`].
+    pub fn check(&self, spec: &ModelSpec) -> Result<(), String> {
+        let ck = Checker { spec };
+        match self {
+            OpKind::Embed {
+                tokens,
+                table,
+                out,
+                positions,
+                ..
+            } => {
+                ck.buf(*tokens, None, Elem::I32)?;
+                let hidden = ck.matrix(*table)?.1;
+                ck.buf(*out, Some(hidden), Elem::F32)?;
+                if let Some(p) = positions {
+                    ck.cols(*p, hidden)?;
+                }
+                Ok(())
+            }
+            OpKind::Norm { x, out, norm, .. } => {
+                let dim = ck.width(*x)?;
+                ck.buf(*out, Some(dim), Elem::F32)?;
+                ck.norm(norm, dim)
+            }
+            OpKind::Linear { x, w, bias, out, .. } => {
+                let (rows, cols) = ck.view(w)?;
+                ck.buf(*x, Some(cols), Elem::F32)?;
+                ck.buf(*out, Some(rows), Elem::F32)?;
+                if let Some(b) = bias {
+                    ck.vector_view(b, rows)?;
+                }
+                Ok(())
+            }
+            OpKind::RopeKv {
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                heads,
+                kv_heads,
+                head_dim,
+                rotary,
+                qk_norm,
+            } => {
+                ck.heads(*heads, *kv_heads, *head_dim)?;
+                ck.buf(*q, Some(heads * head_dim), Elem::F32)?;
+                for b in [k, v] {
+                    ck.buf(*b, Some(kv_heads * head_dim), Elem::F32)?;
+                }
+                for c in [k_cache, v_cache] {
+                    ck.cache(*c, kv_heads * head_dim)?;
+                }
+                if let Some(r) = rotary {
+                    let pairs = r.dims / 2;
+                    if r.dims == 0 || r.dims % 2 != 0 || r.dims > *head_dim {
+                        return Err(format!(
+                            "rotary dims {} must be even and at most head_dim {head_dim}",
+                            r.dims
+                        ));
+                    }
+                    let long = r.long.as_ref().map_or(pairs, |l| l.inv_freq.len());
+                    if r.inv_freq.len() != pairs || long != pairs {
+                        return Err(format!("rotary tables must hold {pairs} frequencies"));
+                    }
+                }
+                if let Some(n) = qk_norm {
+                    ck.vector(n.q, *head_dim)?;
+                    ck.vector(n.k, *head_dim)?;
+                }
+                Ok(())
+            }
+            OpKind::Attention {
+                q,
+                k_cache,
+                v_cache,
+                out,
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+                ..
+            } => {
+                ck.heads(*heads, *kv_heads, *head_dim)?;
+                ck.buf(*q, Some(heads * head_dim), Elem::F32)?;
+                ck.buf(*out, Some(heads * head_dim), Elem::F32)?;
+                for c in [k_cache, v_cache] {
+                    ck.cache(*c, kv_heads * head_dim)?;
+                }
+                if *window == Some(0) {
+                    return Err("a sliding window must hold at least one position".into());
+                }
+                Ok(())
+            }
+            OpKind::GatedAct { gate, up, .. } | OpKind::Add { x: gate, y: up } => {
+                let dim = ck.width(*gate)?;
+                ck.buf(*up, Some(dim), Elem::F32)
+            }
+        }
+    }
+}
+
+/// The weights of a norm: its weight, then its bias if it has one.
+pub(crate) fn norm_weights(n: &Norm) -> impl Iterator<Item = WeightId> {
+    [Some(n.weight), n.bias].into_iter().flatten()
+}
+
+/// Width and view checks against one spec, with messages naming what is wrong.
+struct Checker<'a> {
+    spec: &'a ModelSpec,
+}
+
+impl Checker<'_> {
+    fn buffer(&self, id: BufId) -> Result<&crate::spec::Buffer, String> {
+        self.spec
+            .buffers
+            .get(id.0 as usize)
+            .ok_or_else(|| format!("no buffer {}", id.0))
+    }
+    fn tensor(&self, id: WeightId) -> Result<&crate::spec::Tensor, String> {
+        self.spec
+            .weights
+            .get(id.0 as usize)
+            .ok_or_else(|| format!("no weight {}", id.0))
+    }
+    fn width(&self, id: BufId) -> Result<usize, String> {
+        Ok(self.buffer(id)?.row_len)
+    }
+    /// An activation buffer (`Block` rows) of the given element type and width.
+    fn buf(&self, id: BufId, width: Option<usize>, elem: Elem) -> Result<(), String> {
+        let b = self.buffer(id)?;
+        if b.elem != elem {
+            return Err(format!("buffer {} holds {:?}, expected {elem:?}", b.name, b.elem));
+        }
+        match width {
+            Some(w) if b.row_len != w => Err(format!("buffer {} has rows of {}, expected {w}", b.name, b.row_len)),
+            _ => Ok(()),
+        }
+    }
+    fn cache(&self, id: BufId, width: usize) -> Result<(), String> {
+        let b = self.buffer(id)?;
+        if b.rows != Rows::Cache || b.row_len != width {
+            return Err(format!("buffer {} is not a KV cache of rows of {width}", b.name));
+        }
+        Ok(())
+    }
+    fn matrix(&self, id: WeightId) -> Result<(usize, usize), String> {
+        let t = self.tensor(id)?;
+        match t.shape[..] {
+            [rows, cols] if t.role == Role::Matrix => Ok((rows, cols)),
+            _ => Err(format!("{} is not a matrix", t.name)),
+        }
+    }
+    fn cols(&self, id: WeightId, cols: usize) -> Result<(), String> {
+        let (_, c) = self.matrix(id)?;
+        if c != cols {
+            return Err(format!("{} has {c} columns, expected {cols}", self.tensor(id)?.name));
+        }
+        Ok(())
+    }
+    /// `(rows, cols)` of a matrix view inside its tensor.
+    fn view(&self, w: &WeightRef) -> Result<(usize, usize), String> {
+        let (rows, cols) = self.matrix(w.id)?;
+        if w.rows == 0 || w.row0 + w.rows > rows {
+            return Err(format!(
+                "rows {}..{} are not inside {} ({rows} rows)",
+                w.row0,
+                w.row0 + w.rows,
+                self.tensor(w.id)?.name
+            ));
+        }
+        Ok((w.rows, cols))
+    }
+    fn vector(&self, id: WeightId, len: usize) -> Result<(), String> {
+        let t = self.tensor(id)?;
+        if t.shape != [len] {
+            return Err(format!("{} has shape {:?}, expected [{len}]", t.name, t.shape));
+        }
+        Ok(())
+    }
+    fn vector_view(&self, v: &WeightRef, len: usize) -> Result<(), String> {
+        let t = self.tensor(v.id)?;
+        match t.shape[..] {
+            [n] if v.rows == len && v.row0 + v.rows <= n => Ok(()),
+            _ => Err(format!("{} does not hold {len} values from {}", t.name, v.row0)),
+        }
+    }
+    fn norm(&self, n: &Norm, dim: usize) -> Result<(), String> {
+        norm_weights(n).try_for_each(|w| self.vector(w, dim))?;
+        if n.kind != NormKind::Layer && n.bias.is_some() {
+            return Err("only a LayerNorm has a bias".into());
+        }
+        Ok(())
+    }
+    fn heads(&self, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), String> {
+        if heads == 0 || kv_heads == 0 || head_dim == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(format!(
+                "{heads} query heads, {kv_heads} key/value heads of {head_dim}: the query heads must be a \
+                 positive multiple of the key/value heads"
+            ));
+        }
+        Ok(())
+    }
+}
