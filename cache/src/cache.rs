@@ -14,6 +14,7 @@ use crate::fsutil::{
     disk_usage, is_plain_file_name, older_than, remove_path, sha256_of, sync_dir, unique_suffix, unix_now,
 };
 use crate::key::{KEY_HEX_LEN, Key};
+use crate::verify::{self, LibraryKind};
 
 /// Name of the metadata file in every entry folder.
 pub const META_FILE: &str = "meta.json";
@@ -81,21 +82,40 @@ impl Entry {
 }
 
 /// What a builder reports after writing its library into the staging folder.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct BuildOutput {
     /// File name of the library the builder wrote in the staging folder (e.g. `libkiln.so`). The
     /// cache hashes it; other files the builder leaves there are kept in the entry unchecked.
     pub library: String,
     /// Stored as [`Meta::info`].
     pub info: Value,
+    /// How the library is checked before it is published.
+    pub kind: LibraryKind,
 }
 
 impl BuildOutput {
-    /// Shorthand for the struct literal.
+    /// A library of any format, recorded by size and SHA-256 without further checks.
     pub fn new(library: impl Into<String>, info: Value) -> BuildOutput {
         BuildOutput {
             library: library.into(),
             info,
+            kind: LibraryKind::Opaque,
+        }
+    }
+
+    /// An ELF shared object: published only if it is structurally complete and `load_check`
+    /// (typically `dlopen` and an ABI-version check) accepts it; see [`LibraryKind`].
+    pub fn shared_object(
+        library: impl Into<String>,
+        info: Value,
+        load_check: impl FnOnce(&Path) -> Result<(), String> + 'static,
+    ) -> BuildOutput {
+        BuildOutput {
+            library: library.into(),
+            info,
+            kind: LibraryKind::SharedObject {
+                load_check: Box::new(load_check),
+            },
         }
     }
 }
@@ -276,13 +296,13 @@ impl Cache {
     /// Holds `<root>/<key>.lock` exclusively throughout, so when several threads or processes
     /// ask for the same key at once, one builds and the others wait and then find a hit. On a
     /// miss, `build` receives an empty staging folder, writes the library there and returns its
-    /// file name; the cache then hashes it, writes meta.json, syncs everything and renames the
-    /// folder to `<root>/<key>`. A damaged entry is moved away and rebuilt
-    /// ([`Status::Rebuilt`]).
+    /// file name; the cache then syncs, checks and hashes it (see [`LibraryKind`]), writes
+    /// meta.json, syncs everything and renames the folder to `<root>/<key>`. A damaged entry is
+    /// moved away and rebuilt ([`Status::Rebuilt`]).
     ///
-    /// If `build` fails or panics, the staging folder is deleted and the error (or panic)
-    /// propagates unchanged; no entry appears. Errors of the cache itself are converted with
-    /// `E: From<CacheError>`, so with `anyhow` the call is simply
+    /// If `build` fails or panics, or its library fails the checks, the staging folder is
+    /// deleted and the error (or panic) propagates; no entry appears. Errors of the cache itself
+    /// are converted with `E: From<CacheError>`, so with `anyhow` the call is simply
     /// `cache.get_or_build(&key, |dir| -> anyhow::Result<BuildOutput> { ... })?`.
     ///
     /// Leftover staging and trash folders older than an hour are removed on the way, when no
@@ -655,8 +675,9 @@ impl Cache {
         Ok(Staging { path, keep: false })
     }
 
-    /// Turns a finished staging folder into the entry for `key`: hashes the library, writes
-    /// meta.json, syncs files and folders, then renames it into place.
+    /// Turns a finished staging folder into the entry for `key`: syncs, checks and hashes the
+    /// library ([`verify::built_library`]), writes meta.json, syncs files and folders, then
+    /// renames it into place.
     fn commit(
         &self,
         key: &Key,
@@ -671,19 +692,7 @@ impl Cache {
             });
         }
         let library = staging.path.join(&output.library);
-        let mut file = File::open(&library).map_err(CacheError::io("cannot open built library", &library))?;
-        let is_file = file
-            .metadata()
-            .map_err(CacheError::io("cannot inspect built library", &library))?
-            .is_file();
-        if !is_file {
-            return Err(CacheError::LibraryNotAFile { path: library });
-        }
-        let (library_sha256, library_bytes) =
-            sha256_of(&mut file).map_err(CacheError::io("cannot read built library", &library))?;
-        file.sync_all()
-            .map_err(CacheError::io("cannot sync built library", &library))?;
-        drop(file);
+        let (library_sha256, library_bytes) = verify::built_library(&library, output.kind)?;
 
         let meta = Meta {
             key: *key,

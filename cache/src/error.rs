@@ -112,6 +112,25 @@ pub enum CacheError {
         path: PathBuf,
     },
 
+    /// The built library is not what its kind promises: a shared object cut short or not an
+    /// ELF shared object at all, or a file that changed size while being checked.
+    #[error("built library {} {reason}", .path.display())]
+    IncompleteLibrary {
+        /// The library in the staging folder.
+        path: PathBuf,
+        /// What is wrong, phrased to follow the path ("is truncated: ...").
+        reason: String,
+    },
+
+    /// The built library is complete but the builder's load check refused it.
+    #[error("built library {} fails its load check: {reason}", .path.display())]
+    UnloadableLibrary {
+        /// The library in the staging folder.
+        path: PathBuf,
+        /// What the load check reported.
+        reason: String,
+    },
+
     /// meta.json could not be serialized.
     #[error("cannot encode {}: {err}", .path.display())]
     EncodeMeta {
