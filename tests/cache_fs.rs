@@ -1,12 +1,13 @@
 //! End-to-end runs of `kiln compile` against cache folders that misbehave: a linker that exits 0
-//! with a truncated library, and a cache file system that fills up. The latter needs a mount (a
-//! tiny tmpfs), made in a user namespace with `unshare -rm`, so it runs as any user the kernel
-//! lets create one, and is ignored by default; the unit tests in `cache/` cover the same
-//! invariants without mounts.
+//! with a truncated library, a cache file system that fills up, and a read-only cache. The two
+//! that need a mount (a tiny tmpfs, a read-only bind mount) do it in a user namespace with
+//! `unshare -rm`, so they run as any user the kernel lets create one, and are ignored by
+//! default; the unit tests in `cache/` cover the same invariants without mounts.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
 
 const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
@@ -123,6 +124,48 @@ fn libraries_a_linker_wrongly_reports_as_linked_are_not_published() {
     assert!(text(&o.stdout).contains("[ok]"), "{}", text(&o.stdout));
 }
 
+/// Modification times of `paths`.
+fn mtimes(paths: &[PathBuf]) -> Vec<SystemTime> {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .collect()
+}
+
+/// A hit through the CLI writes nothing in the cache folder: no lock file appears (one was
+/// deleted, as in a cache copied from elsewhere) and no modification time changes. Holds for
+/// root too, where a read-only folder could not show it.
+#[test]
+fn a_cache_hit_writes_nothing_in_the_cache_folder() {
+    let base = tempfile::tempdir().unwrap();
+    let cache = base.path().join("cache");
+    let model = fixture("llama");
+    let o = kiln(&cache, &["compile", model.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let key = report["cache_key"].as_str().unwrap();
+    std::fs::remove_file(cache.join(format!("{key}.lock"))).unwrap();
+    let entry = cache.join(key);
+    let paths = vec![cache.clone(), entry.join("libkiln.so"), entry.join("meta.json"), entry];
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    for path in &paths {
+        std::fs::File::open(path).unwrap().set_modified(past).unwrap();
+    }
+    let (before, times) = (names(&cache), mtimes(&paths));
+
+    let o = kiln(&cache, &["compile", model.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["cache_hit"], true);
+    let o = kiln(
+        &cache,
+        &["run", model.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(names(&cache), before);
+    assert_eq!(mtimes(&paths), times);
+}
+
 /// Runs `script` with `sh` in a new user and mount namespace (`unshare -rm`), with `$K` the kiln
 /// binary and `$M` the llama fixture; panics with the reason if the namespace cannot be made.
 fn in_namespace(script: &str, vars: &[(&str, &Path)]) -> Output {
@@ -200,4 +243,44 @@ fn a_full_cache_file_system_never_publishes_a_bad_library() {
         2 * kib,
         3 * kib
     );
+}
+
+/// The reported failure: a cache on a read-only mount serves what it holds (compile and run),
+/// and a model it lacks fails with one line naming the folder and saying building needs it
+/// writable.
+#[test]
+#[ignore = "needs unshare -rm (root, or unprivileged user namespaces) for a read-only bind mount; run with --ignored"]
+fn a_read_only_cache_mount_serves_hits_and_refuses_builds() {
+    let base = tempfile::tempdir().unwrap();
+    let cache = base.path().join("cache");
+    let o = kiln(&cache, &["compile", fixture("llama").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let before = names(&cache);
+    let read_only = "mount --bind \"$D\" \"$D\" && mount -o remount,bind,ro \"$D\" || exit 90\n\
+                     touch \"$D/x\" 2>/dev/null && exit 91\n";
+    let vars = [("D", cache.as_path()), ("Q", &fixture("qwen3"))];
+
+    let o = in_namespace(
+        &format!("{read_only}KILN_CACHE_DIR=\"$D\" exec \"$K\" compile \"$M\" --json"),
+        &vars,
+    );
+    assert!(o.status.success(), "a hit: {}", text(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["cache_hit"], true);
+
+    let run = "KILN_CACHE_DIR=\"$D\" exec \"$K\" run \"$M\" --prompt hi --max-tokens 2";
+    let o = in_namespace(&format!("{read_only}{run}"), &vars);
+    assert!(o.status.success(), "a run from the hit: {}", text(&o.stderr));
+
+    let o = in_namespace(
+        &format!("{read_only}KILN_CACHE_DIR=\"$D\" exec \"$K\" compile \"$Q\""),
+        &vars,
+    );
+    let expected = format!(
+        "error: cache folder {} is not writable (Read-only file system",
+        cache.display()
+    );
+    let err = assert_one_error_line(&o, &[&expected, "building it needs a writable cache folder"]);
+    assert!(err.starts_with(&expected), "{err}");
+    assert_eq!(names(&cache), before);
 }

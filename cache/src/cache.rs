@@ -23,7 +23,8 @@ pub const META_FILE: &str = "meta.json";
 const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
 const TRASH_PREFIX: &str = ".trash-";
-/// Prefix of the empty file [`Cache::open`] creates to test that the folder is writable.
+/// Prefix of the empty files that earlier versions of [`Cache::open`] created to test that the
+/// folder is writable: still cleaned up when left behind.
 const PROBE_PREFIX: &str = ".probe-";
 /// Suffix of the per-key lock files.
 const LOCK_SUFFIX: &str = ".lock";
@@ -241,22 +242,15 @@ impl Cache {
         )
     }
 
-    /// Opens the cache folder `root` for reading and writing, creating it if missing.
+    /// Opens the cache folder `root`, creating it if missing.
     ///
-    /// Checks up front that files can be created there, so that a misconfigured folder is
-    /// reported once, clearly, instead of as a failure halfway through a build.
+    /// The folder need not be writable: hits are served from a read-only one (a read-only
+    /// mount, another user's folder). Only a build needs to write, and it says so, naming the
+    /// folder ([`CacheError::NotWritable`]).
     pub fn open(root: impl Into<PathBuf>) -> Result<Cache, CacheError> {
         let cache = Cache::at(root);
         cache.create_root()?;
-        let probe = cache.root.join(format!("{PROBE_PREFIX}{}", unique_suffix()));
-        match OpenOptions::new().write(true).create_new(true).open(&probe) {
-            Ok(file) => {
-                drop(file);
-                let _ = fs::remove_file(&probe);
-                Ok(cache)
-            }
-            Err(err) => Err(CacheError::NotWritable { path: cache.root, err }),
-        }
+        Ok(cache)
     }
 
     /// A handle on the cache folder `root` that touches nothing on disk.
@@ -293,31 +287,43 @@ impl Cache {
 
     /// Returns the valid entry for `key`, calling `build` to make it if there is none.
     ///
-    /// Holds `<root>/<key>.lock` exclusively throughout, so when several threads or processes
+    /// A hit writes nothing: no folder, lock or staging folder is created, so a read-only cache
+    /// serves the entries it holds. This is safe without the lock because entries only appear
+    /// and disappear by atomic renames, and the library is verified as it is read.
+    ///
+    /// Otherwise it takes `<root>/<key>.lock` exclusively, so when several threads or processes
     /// ask for the same key at once, one builds and the others wait and then find a hit. On a
     /// miss, `build` receives an empty staging folder, writes the library there and returns its
     /// file name; the cache then syncs, checks and hashes it (see [`LibraryKind`]), writes
     /// meta.json, syncs everything and renames the folder to `<root>/<key>`. A damaged entry is
-    /// moved away and rebuilt ([`Status::Rebuilt`]).
+    /// moved away and rebuilt ([`Status::Rebuilt`]). A folder that cannot be written to gives
+    /// [`CacheError::NotWritable`] before the builder runs.
     ///
     /// If `build` fails or panics, or its library fails the checks, the staging folder is
     /// deleted and the error (or panic) propagates; no entry appears. Errors of the cache itself
     /// are converted with `E: From<CacheError>`, so with `anyhow` the call is simply
     /// `cache.get_or_build(&key, |dir| -> anyhow::Result<BuildOutput> { ... })?`.
     ///
-    /// Leftover staging and trash folders older than an hour are removed on the way, when no
-    /// process holds their key's lock.
+    /// Before a build, leftover staging and trash folders older than an hour are removed, when
+    /// no process holds their key's lock.
     pub fn get_or_build<E, F>(&self, key: &Key, build: F) -> Result<Outcome, E>
     where
         F: FnOnce(&Path) -> Result<BuildOutput, E>,
         E: From<CacheError>,
     {
+        let dir = self.entry_dir(key);
+        if let Check::Valid(meta) = self.check(key)? {
+            return Ok(Outcome {
+                entry: Entry::new(dir, meta),
+                status: Status::Hit,
+            });
+        }
+
         self.create_root()?;
         // Best effort: a failure to tidy up must not stop a build.
         let _ = self.remove_stale(Some(STALE_AGE));
-
-        let lock = self.lock_exclusive(key)?;
-        let dir = self.entry_dir(key);
+        let lock = self.lock_exclusive(key).map_err(|err| self.not_writable(key, err))?;
+        // Checked again: another process may have built the entry while this one waited.
         let status = match self.check(key)? {
             Check::Valid(meta) => {
                 return Ok(Outcome {
@@ -334,7 +340,7 @@ impl Cache {
             }
         };
 
-        let staging = self.create_staging(key)?;
+        let staging = self.create_staging(key).map_err(|err| self.not_writable(key, err))?;
         let started = Instant::now();
         let output = build(&staging.path)?;
         let build_seconds = started.elapsed().as_secs_f64();
@@ -468,6 +474,26 @@ impl Cache {
                 path: self.root.clone(),
                 err,
             }),
+        }
+    }
+
+    /// Turns a refusal to write into the cache folder into [`CacheError::NotWritable`], which
+    /// says that building `key` is what needs the write; other errors pass unchanged.
+    fn not_writable(&self, key: &Key, err: CacheError) -> CacheError {
+        match err {
+            CacheError::Io { err, .. }
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                CacheError::NotWritable {
+                    path: self.root.clone(),
+                    key: *key,
+                    err,
+                }
+            }
+            other => other,
         }
     }
 

@@ -37,11 +37,17 @@ pub enum CacheError {
         path: PathBuf,
     },
 
-    /// The cache folder exists but files cannot be created in it.
-    #[error("cache folder {} is not writable: {err}", .path.display())]
+    /// An entry must be built but the cache folder cannot be written to (a read-only mount,
+    /// another user's folder). Hits never need to write, so only a build reports this.
+    #[error(
+        "cache folder {} is not writable ({err}), and entry {key} is not in it yet: building it needs a writable cache folder",
+        .path.display()
+    )]
     NotWritable {
         /// The cache folder.
         path: PathBuf,
+        /// The entry that was to be built.
+        key: Key,
         /// Why the operating system refused.
         err: io::Error,
     },
