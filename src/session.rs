@@ -5,10 +5,10 @@
 //! kernel reports it), so a hit never touches MLIR or LLVM.
 
 use anyhow::{Context as _, Result, anyhow};
-use kiln_cache::{BuildOutput, Cache, Key, Status};
+use kiln_cache::{BuildOutput, Cache, CacheError, Key, Status};
 use kiln_core::{CompileOptions, HostCpu, ModelSpec, abi};
 use kiln_engine::engine::{Engine, EngineConfig, EngineError, WeightSource};
-use kiln_engine::library::LibraryError;
+use kiln_engine::library::{KernelLibrary, LibraryError};
 use kiln_formats::hub;
 use kiln_formats::loader::{self, LoadOptions, ModelFormat};
 use kiln_text::tokenizer::Tokenizer;
@@ -211,9 +211,10 @@ pub fn ensure_library(
     };
     let outcome = cache.get_or_build(&key, |staging| -> Result<BuildOutput> {
         let t0 = Instant::now();
-        let report = run_compiler(staging)?;
-        compile_seconds = t0.elapsed().as_secs_f64();
+        let report = run_compiler(staging);
         bar.finish_and_clear();
+        let report = report?;
+        compile_seconds = t0.elapsed().as_secs_f64();
         let kernels: Vec<_> = report
             .kernels
             .iter()
@@ -234,7 +235,21 @@ pub fn ensure_library(
         if let (Some(info), Some(extra)) = (info.as_object_mut(), extra.as_object()) {
             info.extend(extra.clone());
         }
-        Ok(BuildOutput::new(LIBRARY_NAME, info))
+        // Published only if it loads here and is the ABI and kernel set asked for.
+        let kernels = req.kernels.clone();
+        let load_check = move |path: &Path| KernelLibrary::open(path, &kernels).map(drop).map_err(load_failure);
+        Ok(BuildOutput::shared_object(LIBRARY_NAME, info, load_check))
+    });
+    let outcome = outcome.map_err(|err| {
+        if out_of_space(&err) {
+            err.context(format!(
+                "cache folder {} has no space left on device for the {} library (free some space or set KILN_CACHE_DIR)",
+                cache.root().display(),
+                req.label
+            ))
+        } else {
+            err
+        }
     })?;
     if let Status::Rebuilt { reason } = &outcome.status {
         eprintln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it");
@@ -252,6 +267,29 @@ pub fn ensure_library(
         compile_seconds,
         kernels,
         library_bytes: outcome.entry.meta.library_bytes,
+    })
+}
+
+/// Why a freshly built library does not load, without its path (the cache's error names it).
+fn load_failure(err: LibraryError) -> String {
+    match err {
+        LibraryError::Open { message, .. } => format!("dlopen fails: {message}"),
+        LibraryError::MissingSymbol { symbol, .. } => format!("it lacks symbol {symbol}"),
+        LibraryError::AbiMismatch { found, .. } => {
+            format!("it has ABI version {found}, this runtime expects {}", abi::ABI_VERSION)
+        }
+    }
+}
+
+/// Whether `err` comes from a full file system: ENOSPC anywhere in its chain, as an error value
+/// or in a tool's message (the linker runs in the C locale, so its text is the C library's).
+fn out_of_space(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| cause.downcast_ref::<CacheError>().and_then(CacheError::io_error));
+        io.is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
+            || cause.to_string().contains("No space left on device")
     })
 }
 

@@ -14,6 +14,7 @@ use crate::fsutil::{
     disk_usage, is_plain_file_name, older_than, remove_path, sha256_of, sync_dir, unique_suffix, unix_now,
 };
 use crate::key::{KEY_HEX_LEN, Key};
+use crate::verify::{self, LibraryKind};
 
 /// Name of the metadata file in every entry folder.
 pub const META_FILE: &str = "meta.json";
@@ -22,7 +23,8 @@ pub const META_FILE: &str = "meta.json";
 const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
 const TRASH_PREFIX: &str = ".trash-";
-/// Prefix of the empty file [`Cache::open`] creates to test that the folder is writable.
+/// Prefix of the empty files that earlier versions of [`Cache::open`] created to test that the
+/// folder is writable: still cleaned up when left behind.
 const PROBE_PREFIX: &str = ".probe-";
 /// Suffix of the per-key lock files.
 const LOCK_SUFFIX: &str = ".lock";
@@ -81,21 +83,40 @@ impl Entry {
 }
 
 /// What a builder reports after writing its library into the staging folder.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct BuildOutput {
     /// File name of the library the builder wrote in the staging folder (e.g. `libkiln.so`). The
     /// cache hashes it; other files the builder leaves there are kept in the entry unchecked.
     pub library: String,
     /// Stored as [`Meta::info`].
     pub info: Value,
+    /// How the library is checked before it is published.
+    pub kind: LibraryKind,
 }
 
 impl BuildOutput {
-    /// Shorthand for the struct literal.
+    /// A library of any format, recorded by size and SHA-256 without further checks.
     pub fn new(library: impl Into<String>, info: Value) -> BuildOutput {
         BuildOutput {
             library: library.into(),
             info,
+            kind: LibraryKind::Opaque,
+        }
+    }
+
+    /// An ELF shared object: published only if it is structurally complete and `load_check`
+    /// (typically `dlopen` and an ABI-version check) accepts it; see [`LibraryKind`].
+    pub fn shared_object(
+        library: impl Into<String>,
+        info: Value,
+        load_check: impl FnOnce(&Path) -> Result<(), String> + 'static,
+    ) -> BuildOutput {
+        BuildOutput {
+            library: library.into(),
+            info,
+            kind: LibraryKind::SharedObject {
+                load_check: Box::new(load_check),
+            },
         }
     }
 }
@@ -221,22 +242,15 @@ impl Cache {
         )
     }
 
-    /// Opens the cache folder `root` for reading and writing, creating it if missing.
+    /// Opens the cache folder `root`, creating it if missing.
     ///
-    /// Checks up front that files can be created there, so that a misconfigured folder is
-    /// reported once, clearly, instead of as a failure halfway through a build.
+    /// The folder need not be writable: hits are served from a read-only one (a read-only
+    /// mount, another user's folder). Only a build needs to write, and it says so, naming the
+    /// folder ([`CacheError::NotWritable`]).
     pub fn open(root: impl Into<PathBuf>) -> Result<Cache, CacheError> {
         let cache = Cache::at(root);
         cache.create_root()?;
-        let probe = cache.root.join(format!("{PROBE_PREFIX}{}", unique_suffix()));
-        match OpenOptions::new().write(true).create_new(true).open(&probe) {
-            Ok(file) => {
-                drop(file);
-                let _ = fs::remove_file(&probe);
-                Ok(cache)
-            }
-            Err(err) => Err(CacheError::NotWritable { path: cache.root, err }),
-        }
+        Ok(cache)
     }
 
     /// A handle on the cache folder `root` that touches nothing on disk.
@@ -273,31 +287,43 @@ impl Cache {
 
     /// Returns the valid entry for `key`, calling `build` to make it if there is none.
     ///
-    /// Holds `<root>/<key>.lock` exclusively throughout, so when several threads or processes
+    /// A hit writes nothing: no folder, lock or staging folder is created, so a read-only cache
+    /// serves the entries it holds. This is safe without the lock because entries only appear
+    /// and disappear by atomic renames, and the library is verified as it is read.
+    ///
+    /// Otherwise it takes `<root>/<key>.lock` exclusively, so when several threads or processes
     /// ask for the same key at once, one builds and the others wait and then find a hit. On a
     /// miss, `build` receives an empty staging folder, writes the library there and returns its
-    /// file name; the cache then hashes it, writes meta.json, syncs everything and renames the
-    /// folder to `<root>/<key>`. A damaged entry is moved away and rebuilt
-    /// ([`Status::Rebuilt`]).
+    /// file name; the cache then syncs, checks and hashes it (see [`LibraryKind`]), writes
+    /// meta.json, syncs everything and renames the folder to `<root>/<key>`. A damaged entry is
+    /// moved away and rebuilt ([`Status::Rebuilt`]). A folder that cannot be written to gives
+    /// [`CacheError::NotWritable`] before the builder runs.
     ///
-    /// If `build` fails or panics, the staging folder is deleted and the error (or panic)
-    /// propagates unchanged; no entry appears. Errors of the cache itself are converted with
-    /// `E: From<CacheError>`, so with `anyhow` the call is simply
+    /// If `build` fails or panics, or its library fails the checks, the staging folder is
+    /// deleted and the error (or panic) propagates; no entry appears. Errors of the cache itself
+    /// are converted with `E: From<CacheError>`, so with `anyhow` the call is simply
     /// `cache.get_or_build(&key, |dir| -> anyhow::Result<BuildOutput> { ... })?`.
     ///
-    /// Leftover staging and trash folders older than an hour are removed on the way, when no
-    /// process holds their key's lock.
+    /// Before a build, leftover staging and trash folders older than an hour are removed, when
+    /// no process holds their key's lock.
     pub fn get_or_build<E, F>(&self, key: &Key, build: F) -> Result<Outcome, E>
     where
         F: FnOnce(&Path) -> Result<BuildOutput, E>,
         E: From<CacheError>,
     {
+        let dir = self.entry_dir(key);
+        if let Check::Valid(meta) = self.check(key)? {
+            return Ok(Outcome {
+                entry: Entry::new(dir, meta),
+                status: Status::Hit,
+            });
+        }
+
         self.create_root()?;
         // Best effort: a failure to tidy up must not stop a build.
         let _ = self.remove_stale(Some(STALE_AGE));
-
-        let lock = self.lock_exclusive(key)?;
-        let dir = self.entry_dir(key);
+        let lock = self.lock_exclusive(key).map_err(|err| self.not_writable(key, err))?;
+        // Checked again: another process may have built the entry while this one waited.
         let status = match self.check(key)? {
             Check::Valid(meta) => {
                 return Ok(Outcome {
@@ -314,7 +340,7 @@ impl Cache {
             }
         };
 
-        let staging = self.create_staging(key)?;
+        let staging = self.create_staging(key).map_err(|err| self.not_writable(key, err))?;
         let started = Instant::now();
         let output = build(&staging.path)?;
         let build_seconds = started.elapsed().as_secs_f64();
@@ -448,6 +474,26 @@ impl Cache {
                 path: self.root.clone(),
                 err,
             }),
+        }
+    }
+
+    /// Turns a refusal to write into the cache folder into [`CacheError::NotWritable`], which
+    /// says that building `key` is what needs the write; other errors pass unchanged.
+    fn not_writable(&self, key: &Key, err: CacheError) -> CacheError {
+        match err {
+            CacheError::Io { err, .. }
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                CacheError::NotWritable {
+                    path: self.root.clone(),
+                    key: *key,
+                    err,
+                }
+            }
+            other => other,
         }
     }
 
@@ -655,8 +701,9 @@ impl Cache {
         Ok(Staging { path, keep: false })
     }
 
-    /// Turns a finished staging folder into the entry for `key`: hashes the library, writes
-    /// meta.json, syncs files and folders, then renames it into place.
+    /// Turns a finished staging folder into the entry for `key`: syncs, checks and hashes the
+    /// library ([`verify::built_library`]), writes meta.json, syncs files and folders, then
+    /// renames it into place.
     fn commit(
         &self,
         key: &Key,
@@ -671,19 +718,7 @@ impl Cache {
             });
         }
         let library = staging.path.join(&output.library);
-        let mut file = File::open(&library).map_err(CacheError::io("cannot open built library", &library))?;
-        let is_file = file
-            .metadata()
-            .map_err(CacheError::io("cannot inspect built library", &library))?
-            .is_file();
-        if !is_file {
-            return Err(CacheError::LibraryNotAFile { path: library });
-        }
-        let (library_sha256, library_bytes) =
-            sha256_of(&mut file).map_err(CacheError::io("cannot read built library", &library))?;
-        file.sync_all()
-            .map_err(CacheError::io("cannot sync built library", &library))?;
-        drop(file);
+        let (library_sha256, library_bytes) = verify::built_library(&library, output.kind)?;
 
         let meta = Meta {
             key: *key,

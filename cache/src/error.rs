@@ -37,11 +37,17 @@ pub enum CacheError {
         path: PathBuf,
     },
 
-    /// The cache folder exists but files cannot be created in it.
-    #[error("cache folder {} is not writable: {err}", .path.display())]
+    /// An entry must be built but the cache folder cannot be written to (a read-only mount,
+    /// another user's folder). Hits never need to write, so only a build reports this.
+    #[error(
+        "cache folder {} is not writable ({err}), and entry {key} is not in it yet: building it needs a writable cache folder",
+        .path.display()
+    )]
     NotWritable {
         /// The cache folder.
         path: PathBuf,
+        /// The entry that was to be built.
+        key: Key,
         /// Why the operating system refused.
         err: io::Error,
     },
@@ -110,6 +116,25 @@ pub enum CacheError {
     LibraryNotAFile {
         /// Where the library was expected.
         path: PathBuf,
+    },
+
+    /// The built library is not what its kind promises: a shared object cut short or not an
+    /// ELF shared object at all, or a file that changed size while being checked.
+    #[error("built library {} {reason}", .path.display())]
+    IncompleteLibrary {
+        /// The library in the staging folder.
+        path: PathBuf,
+        /// What is wrong, phrased to follow the path ("is truncated: ...").
+        reason: String,
+    },
+
+    /// The built library is complete but the builder's load check refused it.
+    #[error("built library {} fails its load check: {reason}", .path.display())]
+    UnloadableLibrary {
+        /// The library in the staging folder.
+        path: PathBuf,
+        /// What the load check reported.
+        reason: String,
     },
 
     /// meta.json could not be serialized.

@@ -8,12 +8,16 @@
 //! Guarantees:
 //! - an entry is only ever visible complete: builds go to a staging folder that is synced and
 //!   renamed into place, and deletions rename to trash first;
+//! - a builder's success is not trusted: its library is synced, and a shared object must be a
+//!   complete ELF file and pass the caller's load check, before it is published
+//!   ([`LibraryKind`]);
+//! - a hit writes nothing, so a read-only cache folder serves the entries it holds;
 //! - every use verifies the library's size and SHA-256 against `meta.json`, so a truncated or
 //!   overwritten library is rebuilt ([`Status::Rebuilt`]) instead of loaded;
 //! - concurrent builds of one key, from threads or processes, run the builder once: the others
 //!   wait on `<root>/<key>.lock` and then find a hit;
 //! - a failing or panicking builder leaves nothing behind; leftovers of crashed processes are
-//!   ignored, and removed by [`Cache::clean_all`] or after an hour by [`Cache::get_or_build`].
+//!   ignored, and removed by [`Cache::clean_all`] or after an hour by the next build.
 //!
 //! ```no_run
 //! use kiln_cache::{BuildOutput, Cache, Key};
@@ -33,13 +37,18 @@
 //! ```
 
 mod cache;
+mod elf;
 mod error;
 mod fsutil;
 mod key;
+mod verify;
 
 pub use cache::{BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
+pub use verify::{LibraryKind, LoadCheck};
 
+#[cfg(test)]
+mod publish_tests;
 #[cfg(test)]
 mod tests;

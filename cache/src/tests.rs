@@ -239,7 +239,7 @@ fn open_creates_missing_folders_and_leaves_nothing_else() {
 }
 
 #[test]
-fn open_reports_a_folder_that_cannot_be_created_or_written() {
+fn open_and_build_report_a_folder_that_cannot_be_created_or_written() {
     let tmp = tempfile::tempdir().unwrap();
 
     // A path below a regular file cannot be created, even by root.
@@ -268,14 +268,24 @@ fn open_reports_a_folder_that_cannot_be_created_or_written() {
         fs::set_permissions(&read_only, fs::Permissions::from_mode(0o555)).unwrap();
         let enforced = File::create(read_only.join("probe")).is_err();
         if enforced {
-            let err = Cache::open(&read_only).unwrap_err();
+            // Opening is fine (hits need no write); building is what fails, before the builder.
+            let cache = Cache::open(&read_only).unwrap();
+            let result = cache.get_or_build(&key(1), |_| -> Result<_, TestError> {
+                panic!("the builder must not run when the cache folder is not writable")
+            });
+            let Err(TestError::Cache(err)) = result else {
+                panic!("{result:?}")
+            };
             let message = err.to_string();
             assert!(matches!(err, CacheError::NotWritable { .. }), "{message}");
             assert!(
-                message.starts_with(&format!("cache folder {} is not writable: ", read_only.display())),
+                message.starts_with(&format!("cache folder {} is not writable (", read_only.display())),
                 "{message}"
             );
             assert!(message.contains("Permission denied"), "{message}");
+            assert!(message.contains(&key(1).to_string()), "{message}");
+            assert_eq!(err.io_error().unwrap().kind(), std::io::ErrorKind::PermissionDenied);
+            assert!(names(&read_only).is_empty(), "{:?}", names(&read_only));
 
             let inside = read_only.join("cache");
             let err = Cache::open(&inside).unwrap_err();
