@@ -218,6 +218,12 @@ pub(crate) fn architecture(meta: &Meta) -> Result<(Arch, &'static str), GgufErro
 /// the `rope_freqs.weight` tensor only). Every tensor the spec needs is checked for presence
 /// and shape.
 pub fn spec_from_header(header: &GgufHeader, bytes: &[u8], path: &Path) -> Result<ModelSpec, GgufError> {
+    spec_from_parts(header, &[bytes], path)
+}
+
+/// [`spec_from_header`] for a split model: `parts[i]` is the whole of part `i` (see
+/// [`super::split`]).
+pub fn spec_from_parts(header: &GgufHeader, parts: &[&[u8]], path: &Path) -> Result<ModelSpec, GgufError> {
     let meta = Meta { header, path };
     let (arch, a) = architecture(&meta)?;
     let key = |k: &str| format!("{a}.{k}");
@@ -288,7 +294,7 @@ pub fn spec_from_header(header: &GgufHeader, bytes: &[u8], path: &Path) -> Resul
     let eps_key = key("attention.layer_norm_rms_epsilon");
     let rms_norm_eps = meta.float(&eps_key)?.ok_or_else(|| meta.missing(&eps_key))? as f32;
     let theta = meta.float(&key("rope.freq_base"))?.unwrap_or(10000.0);
-    let scaling = rope_scaling(&meta, a, header, bytes, theta, head_dim)?;
+    let scaling = rope_scaling(&meta, a, header, parts, theta, head_dim)?;
 
     // Vocabulary: the embedding's rows.
     let embed_name = gguf_tensor_name(WeightId::Embed);
@@ -459,7 +465,7 @@ fn rope_scaling(
     meta: &Meta,
     a: &str,
     header: &GgufHeader,
-    bytes: &[u8],
+    parts: &[&[u8]],
     theta: f64,
     head_dim: usize,
 ) -> Result<RopeScaling, GgufError> {
@@ -500,6 +506,7 @@ fn rope_scaling(
         if t.dtype != DType::F32 || t.elems() != half as u64 {
             return Err(unsupported(what()));
         }
+        let bytes = parts.get(t.part).ok_or_else(|| unsupported(what()))?;
         let data = &bytes[t.start as usize..(t.start + t.size) as usize];
         let factors: Vec<f32> = data
             .chunks_exact(4)
