@@ -105,8 +105,9 @@ pub fn list(as_json: bool) -> Result<()> {
     }
     print_table(&rows, &states);
     println!(
-        "{} models, {} (Hugging Face cache {}; Kiln models folder {folder_text})",
+        "{} model{}, {} (Hugging Face cache {}; Kiln models folder {folder_text})",
         rows.len(),
+        if rows.len() == 1 { "" } else { "s" },
         human_bytes(rows.iter().map(|r| r.bytes).sum()),
         hf_cache.display()
     );

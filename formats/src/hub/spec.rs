@@ -55,7 +55,9 @@ impl HubSpec {
             }
             (None, Some(f)) => {
                 if !is_safe_repo_path(f) || !gguf::is_model_file(f) {
-                    return Err(bad("a file in a repository must be a path ending in .gguf"));
+                    return Err(bad(
+                        "a file in a repository must be a GGUF model file: a path ending in .gguf, not an mmproj or imatrix file",
+                    ));
                 }
                 Select::File(f.to_string())
             }
