@@ -39,8 +39,9 @@ enum Command {
     },
     /// Generate text from a prompt: raw text, or one user turn through the chat template (--chat).
     Run {
-        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name or
-        /// org/name@revision). Default: the demo model (scripts/fetch-demo-model.sh).
+        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name,
+        /// org/name:QUANT or org/name/FILE.gguf, each with an optional @revision). Default: the
+        /// demo model (scripts/fetch-demo-model.sh).
         model: Option<PathBuf>,
         /// The prompt: raw text, or with --chat the user's message.
         #[arg(long, short)]
@@ -80,8 +81,9 @@ enum Command {
     },
     /// Chat with a model: a multi-turn session whose KV cache is kept across turns.
     Chat {
-        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name or
-        /// org/name@revision). Default: the demo model (scripts/fetch-demo-model.sh).
+        /// Model folder, its config.json, a GGUF file, or a Hugging Face id (org/name,
+        /// org/name:QUANT or org/name/FILE.gguf, each with an optional @revision). Default: the
+        /// demo model (scripts/fetch-demo-model.sh).
         model: Option<PathBuf>,
         /// System prompt.
         #[arg(long)]
@@ -177,6 +179,25 @@ enum Command {
     },
     /// Remove cache entries (same as `kiln cache clean`).
     CleanCache(CleanArgs),
+    /// Download a model from the Hugging Face hub without running it; prints its local path.
+    Pull {
+        /// org/name, org/name:QUANT (a GGUF quant, e.g. Q4_K_M) or org/name/FILE.gguf,
+        /// each with an optional @revision.
+        model: String,
+        /// No progress bars or notes on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List the models in the Hugging Face cache and Kiln's models folder: size, compiled or not.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a model from the Hugging Face cache (with its unshared blobs) or Kiln's models folder.
+    Rm {
+        /// An id as `kiln list` shows it.
+        model: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -433,5 +454,8 @@ fn dispatch(cli: Cli) -> Result<()> {
             (None, false) => bail!("give the KEY of the entry to remove (see `kiln cache list`) or --all"),
             (key, _) => commands::cache_clean(key.as_deref()),
         },
+        Command::Pull { model, quiet } => kiln::models::pull(&model, quiet),
+        Command::List { json } => kiln::models::list(json),
+        Command::Rm { model } => kiln::models::rm(&model),
     }
 }

@@ -428,13 +428,23 @@ impl Session {
 }
 
 /// The local folder or file of `MODEL`: `path` itself, unless it does not exist and reads as a
-/// Hugging Face hub id (`org/name[@revision]`), which is then resolved in the Hugging Face cache
-/// (`HF_HOME`, `HF_HUB_CACHE`) and downloaded there if missing, as `HF_ENDPOINT`, `HF_TOKEN`
-/// and `HF_HUB_OFFLINE` say. `quiet` hides the download progress bars.
+/// Hugging Face hub id (`org/name`, `org/name:QUANT`, `org/name/FILE.gguf`, each with an
+/// optional `@revision`), which is then resolved in the Hugging Face cache (`HF_HOME`,
+/// `HF_HUB_CACHE`) and downloaded there if missing, as `HF_ENDPOINT`, `HF_TOKEN` and
+/// `HF_HUB_OFFLINE` say: a folder, or a GGUF file (the first part of a split model). A
+/// missing path with `:` or `@` that is no valid id is reported as a bad id. `quiet` hides
+/// the download progress bars and notes.
 pub fn resolve_model(path: &Path, quiet: bool) -> Result<PathBuf> {
-    let Some(id) = path.to_str().filter(|s| hub::is_hub_id(s)) else {
+    let Some(id) = path.to_str().filter(|_| !path.exists()) else {
         return Ok(path.to_path_buf());
     };
+    match hub::HubSpec::parse(id) {
+        Ok(_) => {}
+        Err(e) if id.contains([':', '@']) => {
+            return Err(anyhow::Error::new(e).context(format!("{id} is not a local folder or file")));
+        }
+        Err(_) => return Ok(path.to_path_buf()),
+    }
     let mut options = hub::HubOptions::from_env();
     options.quiet |= quiet;
     hub::resolve(id, &options)

@@ -146,6 +146,11 @@ pub enum GgufError {
     #[error("{}: tokenizer: {message}", path.display())]
     Tokenizer { path: PathBuf, message: String },
 
+    /// The parts of a split model do not fit together (a missing part, a wrong part number,
+    /// a first part whose name does not say where the others are).
+    #[error("{}: split model: {message}", path.display())]
+    Split { path: PathBuf, message: String },
+
     /// A request the loaded file cannot satisfy (e.g. dequantising to a quantised type).
     #[error("{}: {message}", path.display())]
     InvalidRequest { path: PathBuf, message: String },

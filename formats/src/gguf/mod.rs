@@ -13,6 +13,7 @@
 //!
 //! The pieces, each usable on its own:
 //!
+//! * [`split`]: models split into several files by llama.cpp's `gguf-split`, read in place.
 //! * [`parse`]: the container (GGUF v2/v3 header, metadata, tensor table), every length and
 //!   offset checked against the file; never panics (fuzzed, see `fuzz/`).
 //! * [`model`]: metadata and tensor table to a validated [`ModelSpec`], built by the
@@ -33,6 +34,7 @@ pub mod error;
 pub mod model;
 pub mod parse;
 pub mod permute;
+pub mod split;
 pub mod tokenizer;
 pub mod weights;
 
@@ -54,8 +56,10 @@ use std::path::{Path, PathBuf};
 /// A GGUF model file, read and checked.
 #[derive(Debug)]
 pub struct LoadedGguf {
-    /// The file.
+    /// The file (the first part of a split model).
     pub path: PathBuf,
+    /// Every file of the model: `path` alone, or all parts of a split model in order.
+    pub parts: Vec<PathBuf>,
     /// The validated spec, with each tensor's storage type as found in the file.
     pub spec: ModelSpec,
     /// The mapped weights, checked against `spec`, q/k rows in Hugging Face order. The parsed
@@ -106,10 +110,12 @@ pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
 }
 
 /// Reads the GGUF model at `path`: header, spec (every needed tensor checked), weights (llama
-/// q/k rows reordered) and tokenizer.
+/// q/k rows reordered) and tokenizer. `path` may be the first part of a split model (see
+/// [`split`]).
 pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
-    let (map, header) = open(path)?;
-    let spec = model::spec_from_header(&header, &map, path)?;
+    let split::GgufFiles { paths, maps, header } = split::open_model(path)?;
+    let bytes: Vec<&[u8]> = maps.iter().map(|m| &m[..]).collect();
+    let spec = model::spec_from_parts(&header, &bytes, path)?;
     let vocab = tokenizer::vocab_from_header(&header, path)?;
     if vocab.tokens.len() > spec.dims.vocab_size {
         return Err(GgufError::InvalidModel {
@@ -122,9 +128,10 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
         });
     }
     let tokenizer = tokenizer::build_tokenizer(&vocab, path)?;
-    let weights = GgufWeights::new(path, map, header, &spec)?;
+    let weights = GgufWeights::from_parts(path, maps, header, &spec)?;
     Ok(LoadedGguf {
         path: path.to_path_buf(),
+        parts: paths,
         bos_token_id: vocab.bos_token_id,
         eos_token_ids: vocab.eog_token_ids.clone(),
         add_bos: vocab.add_bos,

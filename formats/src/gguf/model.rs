@@ -134,8 +134,8 @@ pub(crate) fn architecture(meta: &Meta) -> Result<(&'static Architecture, String
 /// `{a}.<name>` for the architecture `{a}`, errors in the GGUF front end's words.
 pub struct GgufParams<'a> {
     pub meta: Meta<'a>,
-    /// The whole file (for the small tensors RoPE factors are read from).
-    pub bytes: &'a [u8],
+    /// The whole of each part of the file (for the small tensors RoPE factors are read from).
+    pub parts: &'a [&'a [u8]],
     /// `general.architecture`.
     pub prefix: String,
 }
@@ -217,7 +217,10 @@ impl Params for GgufParams<'_> {
                 what: format!("{name} stored as {} (RoPE factor tables are read as f32)", t.dtype),
             });
         }
-        let data = &self.bytes[t.start as usize..(t.start + t.size) as usize];
+        let bytes = self.parts.get(t.part).ok_or_else(|| ArchError::Config {
+            message: format!("{name} lies in split part {}, which was not given", t.part),
+        })?;
+        let data = &bytes[t.start as usize..(t.start + t.size) as usize];
         Ok(Some(
             data.chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -256,9 +259,15 @@ pub fn from_arch_error(path: &Path, e: ArchError) -> GgufError {
 /// RoPE factor tensors only). Every tensor the spec needs is checked for presence and shape,
 /// and its storage type recorded.
 pub fn spec_from_header(header: &GgufHeader, bytes: &[u8], path: &Path) -> Result<ModelSpec, GgufError> {
+    spec_from_parts(header, &[bytes], path)
+}
+
+/// [`spec_from_header`] for a split model: `parts[i]` is the whole of part `i` (see
+/// [`super::split`]).
+pub fn spec_from_parts(header: &GgufHeader, parts: &[&[u8]], path: &Path) -> Result<ModelSpec, GgufError> {
     let meta = Meta { header, path };
     let (arch, prefix) = architecture(&meta)?;
-    let params = GgufParams { meta, bytes, prefix };
+    let params = GgufParams { meta, parts, prefix };
     let mut spec = arch::build(arch, &params).map_err(|e| from_arch_error(path, e))?;
     let dtypes = check_tensors(header, &spec, path, false)?;
     for (t, dtype) in spec.weights.iter_mut().zip(dtypes) {

@@ -381,6 +381,9 @@ pub struct TensorInfo {
     pub start: u64,
     /// Bytes of data.
     pub size: u64,
+    /// Which file of a split model holds the data (0 for a single file; see
+    /// [`super::split`]). `start` is an offset in that file.
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -625,6 +628,7 @@ impl GgufHeader {
                     offset: raw.offset,
                     start,
                     size,
+                    part: 0,
                 }),
                 _ => {
                     return Err(GgufError::TensorPastEnd {
@@ -648,6 +652,32 @@ impl GgufHeader {
             key_index,
             tensor_index,
         })
+    }
+}
+
+impl GgufHeader {
+    /// One header for the parts of a split model (see [`super::split`]): the first part's
+    /// metadata and every part's tensors, each tagged with the index of its part. `paths` name
+    /// the parts in messages. A tensor name in two parts is an error.
+    pub fn join_parts(parts: Vec<GgufHeader>, paths: &[&Path]) -> Result<GgufHeader, GgufError> {
+        let mut parts = parts.into_iter();
+        let mut joined = parts.next().expect("a split model has a first part");
+        for (i, header) in parts.enumerate() {
+            let part = i + 1;
+            for mut t in header.tensors {
+                if joined.tensor_index.contains_key(&t.name) {
+                    return Err(GgufError::BadTensor {
+                        path: paths[part].to_path_buf(),
+                        tensor: t.name,
+                        problem: "is also in an earlier part of the split model".into(),
+                    });
+                }
+                t.part = part;
+                joined.tensor_index.insert(t.name.clone(), joined.tensors.len());
+                joined.tensors.push(t);
+            }
+        }
+        Ok(joined)
     }
 }
 

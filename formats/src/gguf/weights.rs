@@ -6,6 +6,8 @@
 //! load, with their rows reordered (see [`super::permute`]). The copy lives as long as the
 //! [`GgufWeights`] and is 64-byte aligned.
 //!
+//! A split model's parts are each mapped; a tensor's data is read from the part that holds it.
+//!
 //! Alignment: tensor data in the map starts at `data_start + offset`, both multiples of the
 //! file's alignment (32 by default) and the map is page-aligned, so every tensor begins at a
 //! multiple of 32 bytes. A file declaring a smaller `general.alignment` would break that; such
@@ -95,8 +97,8 @@ impl std::fmt::Debug for AlignedBuf {
 
 #[derive(Debug)]
 enum Storage {
-    /// `start..end` of the map.
-    Mapped { start: usize, end: usize },
+    /// `start..end` of the map of part `part`.
+    Mapped { part: usize, start: usize, end: usize },
     /// A reordered or re-aligned copy.
     Owned { buf: AlignedBuf, reordered: bool },
 }
@@ -109,12 +111,13 @@ struct Entry {
     storage: Storage,
 }
 
-/// The model tensors of one GGUF file: mapped, checked against a [`ModelSpec`], q/k rows in
-/// Hugging Face order. See the module documentation.
+/// The model tensors of one GGUF file (or the parts of a split one): mapped, checked against a
+/// [`ModelSpec`], q/k rows in Hugging Face order. See the module documentation.
 #[derive(Debug)]
 pub struct GgufWeights {
     path: PathBuf,
-    map: Mmap,
+    /// One map per part (one for a single file), indexed by [`TensorInfo::part`].
+    maps: Vec<Mmap>,
     header: GgufHeader,
     spec: ModelSpec,
     /// One per tensor of the spec, in its order (indexed by [`WeightId`]).
@@ -126,6 +129,17 @@ impl GgufWeights {
     /// Binds the tensors of `spec` in `map` (whose parsed header is `header`), checking each
     /// for presence, shape and storage type, and reorders the q/k rows llama.cpp permuted.
     pub fn new(path: &Path, map: Mmap, header: GgufHeader, spec: &ModelSpec) -> Result<GgufWeights, GgufError> {
+        Self::from_parts(path, vec![map], header, spec)
+    }
+
+    /// [`GgufWeights::new`] for a split model: `maps[i]` is part `i`, `header` the joined
+    /// header of [`super::split::open_model`]; `path` (the first part) names it in messages.
+    pub fn from_parts(
+        path: &Path,
+        maps: Vec<Mmap>,
+        header: GgufHeader,
+        spec: &ModelSpec,
+    ) -> Result<GgufWeights, GgufError> {
         super::model::check_tensors(&header, spec, path, true)?;
         let mut entries = Vec::with_capacity(spec.weights.len());
         let mut reordered_bytes = 0;
@@ -136,9 +150,9 @@ impl GgufWeights {
                 .position(|t| t.name == req.name)
                 .expect("present: check_tensors passed");
             let t: &TensorInfo = &header.tensors[i];
-            // The header was parsed from this map, so these are in bounds.
-            let (start, end) = (t.start as usize, (t.start + t.size) as usize);
-            let bytes = &map[start..end];
+            // The header was parsed from this part's map, so these are in bounds.
+            let (part, start, end) = (t.part, t.start as usize, (t.start + t.size) as usize);
+            let bytes = &maps[part][start..end];
             let storage = match req.layout {
                 Layout::RopePermuted { heads } => {
                     let rows = req.shape[0];
@@ -159,7 +173,7 @@ impl GgufWeights {
                     buf.as_mut_slice().copy_from_slice(bytes);
                     Storage::Owned { buf, reordered: false }
                 }
-                _ => Storage::Mapped { start, end },
+                _ => Storage::Mapped { part, start, end },
             };
             entries.push(Entry {
                 info: i,
@@ -169,7 +183,7 @@ impl GgufWeights {
         }
         Ok(GgufWeights {
             path: path.to_path_buf(),
-            map,
+            maps,
             header,
             spec: spec.clone(),
             entries,
@@ -177,7 +191,7 @@ impl GgufWeights {
         })
     }
 
-    /// The file these weights were read from.
+    /// The file these weights were read from (the first part of a split model).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -197,9 +211,9 @@ impl GgufWeights {
         self.reordered_bytes
     }
 
-    /// Size of the mapped file.
+    /// Size of the mapped file (all parts of a split model).
     pub fn mapped_bytes(&self) -> u64 {
-        self.map.len() as u64
+        self.maps.iter().map(|m| m.len() as u64).sum()
     }
 
     /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
@@ -214,7 +228,7 @@ impl GgufWeights {
             })?;
         let info = &self.header.tensors[entry.info];
         let (data, reordered) = match &entry.storage {
-            Storage::Mapped { start, end } => (&self.map[*start..*end], false),
+            Storage::Mapped { part, start, end } => (&self.maps[*part][*start..*end], false),
             Storage::Owned { buf, reordered } => (buf.as_slice(), *reordered),
         };
         Ok(GgufTensor {
@@ -234,7 +248,7 @@ impl GgufWeights {
     /// The raw bytes of any tensor of the file by its GGUF name, as stored (not reordered).
     pub fn raw(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
         let t = self.header.tensor(name)?;
-        Some((t, &self.map[t.start as usize..(t.start + t.size) as usize]))
+        Some((t, &self.maps[t.part][t.start as usize..(t.start + t.size) as usize]))
     }
 
     /// The weight `id` converted to `target` (F32 or BF16): little-endian values in Hugging

@@ -1,5 +1,15 @@
-//! Models named by their Hugging Face hub id (`org/name` or `org/name@revision`), resolved to a
-//! local folder and downloaded into the standard Hugging Face cache on first use.
+//! Models named by their Hugging Face hub id, resolved to a local folder or GGUF file and
+//! downloaded into the standard Hugging Face cache on first use:
+//!
+//! * `org/name[@revision]`: the safetensors model of the repository, or, in a repository
+//!   without safetensors weights, its default GGUF file (see [`gguf`]; a note on stderr says
+//!   which);
+//! * `org/name:QUANT[@revision]` (or `org/name@revision:QUANT`): the GGUF file carrying that
+//!   quant, as llama.cpp's `-hf org/name:QUANT`;
+//! * `org/name/path/FILE.gguf[@revision]`: that GGUF file.
+//!
+//! A split GGUF model (`-00001-of-0000n.gguf`) is downloaded whole and resolved to its first
+//! part, which [`crate::gguf`] reads together with the others.
 //!
 //! The cache is laid out exactly as Python's `huggingface_hub` lays it out, so a model
 //! downloaded by one is found by the other:
@@ -16,12 +26,14 @@
 //!     refs/<revision>                 the commit a branch or tag pointed to (no newline)
 //! ```
 //!
-//! Only what Kiln loads is downloaded: `config.json` and `tokenizer.json` (required),
+//! Only what Kiln loads is downloaded. For a GGUF model, its file (or parts). Otherwise
+//! `config.json` and `tokenizer.json` (required),
 //! `generation_config.json`, `tokenizer_config.json` and `chat_template.jinja` (when the
 //! repository has them), and the safetensors weights: `model.safetensors` if the repository
 //! has it (as `transformers` prefers it), else `model.safetensors.index.json` and the shards
 //! it lists. Other formats (`*.bin`, `*.pth`, `*.gguf`, `onnx/`, ...) are skipped, and a
-//! repository without safetensors weights is refused before anything is downloaded.
+//! repository with neither safetensors weights nor GGUF models is refused before anything is
+//! downloaded.
 //!
 //! Downloads go to `blobs/<etag>.incomplete` (resumed with `Range` by a later attempt or a
 //! later run), are checked against the size the hub announced and, when the ETag is a
@@ -30,20 +42,30 @@
 //! cut by the network is resumed in-process a few times before giving up.
 //!
 //! [`resolve`] answers from the cache without any network traffic when the snapshot that
-//! `refs/<revision>` names is complete; otherwise it asks the hub
+//! `refs/<revision>` names holds what the id asks for (a plain id of a GGUF repository always
+//! asks the hub which file is its default, unless offline); otherwise it asks the hub
 //! (`GET {endpoint}/api/models/{repo}/revision/{rev}` for the commit and file list, then
 //! `HEAD` + `GET {endpoint}/{repo}/resolve/{commit}/{file}` for each missing file, as
 //! `huggingface_hub` does). [`fetch`] always asks the hub, so it picks up a branch that has
-//! moved. With `HF_HUB_OFFLINE=1` nothing touches the network.
+//! moved. With `HF_HUB_OFFLINE=1` nothing touches the network: what the cache holds is used
+//! (for a plain id, a complete safetensors snapshot, else its default among the cached GGUF
+//! files), and anything else is one error line. [`store`] lists and removes cached models.
 
+pub mod gguf;
 mod http;
+mod spec;
+pub mod store;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gguf;
 
+pub use gguf::Select;
 use serde_json::Value;
+pub use spec::{HubSpec, is_hub_id};
+use spec::{is_commit_hash, is_sha256};
 use std::collections::BTreeSet;
-use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -191,7 +213,9 @@ fn clean_token(t: &str) -> Option<String> {
 /// Why a model could not be resolved. Each message is one line.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
-    #[error("'{spec}' is not a Hugging Face model id (expected org/name or org/name@revision): {reason}")]
+    #[error(
+        "'{spec}' is not a Hugging Face model id (expected org/name, org/name:QUANT or org/name/FILE.gguf, each with an optional @revision): {reason}"
+    )]
     InvalidSpec { spec: String, reason: String },
     #[error("model {model} not found on {endpoint} (check the name, or set HF_TOKEN for private/gated models)")]
     NotFound { model: String, endpoint: String },
@@ -209,9 +233,28 @@ pub enum HubError {
         endpoint: String,
     },
     #[error(
-        "model {model} has no safetensors weights (model.safetensors or model.safetensors.index.json){found}; Kiln only loads safetensors"
+        "model {model} has no safetensors weights (model.safetensors or model.safetensors.index.json) and no GGUF model files{found}; Kiln loads safetensors or GGUF"
     )]
     NoSafetensors { model: String, found: String },
+    #[error("model {model} has no GGUF file for quant {quant}; {available}")]
+    NoQuant {
+        model: String,
+        quant: String,
+        available: String,
+    },
+    #[error("quant {quant} matches several GGUF files of model {model}: {matches}; name one as {repo}/FILE")]
+    AmbiguousQuant {
+        model: String,
+        repo: String,
+        quant: String,
+        matches: String,
+    },
+    #[error("model {model} has no GGUF file {file}; {available}")]
+    NoSuchFile {
+        model: String,
+        file: String,
+        available: String,
+    },
     #[error("model {model} has no {file}, which Kiln needs")]
     MissingFile { model: String, file: String },
     #[error(
@@ -226,6 +269,8 @@ pub enum HubError {
         snapshot: PathBuf,
         missing: String,
     },
+    #[error("model {model} is not in the Hugging Face cache ({cache})")]
+    NotCached { model: String, cache: PathBuf },
     #[error("cannot reach {url}: {message}")]
     Network { url: String, message: String },
     #[error("{url} answered HTTP {status}{message}")]
@@ -266,141 +311,25 @@ impl HubError {
     }
 }
 
-/// A parsed hub id: `org/name` and a revision (branch, tag or commit; default `main`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct HubSpec {
-    pub repo_id: String,
-    pub revision: String,
-}
-
-impl HubSpec {
-    /// Parses `org/name` or `org/name@revision`, checking the names against the hub's rules
-    /// (as `huggingface_hub.utils.validate_repo_id`): two parts of 1 to 96 ASCII letters,
-    /// digits, `-`, `_` and `.`, each starting and ending with a letter, digit or `_`, with
-    /// no `--` or `..`, not ending in `.git`.
-    pub fn parse(spec: &str) -> Result<HubSpec, HubError> {
-        let bad = |reason: &str| HubError::InvalidSpec {
-            spec: spec.to_string(),
-            reason: reason.to_string(),
-        };
-        let (repo, revision) = match spec.split_once('@') {
-            Some((r, rev)) => (r, Some(rev)),
-            None => (spec, None),
-        };
-        check_repo_id(repo).map_err(|r| bad(&r))?;
-        let revision = match revision {
-            Some(rev) => {
-                check_revision(rev).map_err(|r| bad(&r))?;
-                rev.to_string()
-            }
-            None => DEFAULT_REVISION.to_string(),
-        };
-        Ok(HubSpec {
-            repo_id: repo.to_string(),
-            revision,
-        })
-    }
-
-    /// The cache folder name, `models--org--name`.
-    pub fn folder_name(&self) -> String {
-        format!("models--{}", self.repo_id.replace('/', "--"))
-    }
-
-    /// Whether the revision is a full commit hash (which needs no `refs/` entry).
-    pub fn is_commit(&self) -> bool {
-        is_commit_hash(&self.revision)
-    }
-}
-
-impl fmt::Display for HubSpec {
-    /// `org/name`, with `@revision` unless it is `main`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.revision == DEFAULT_REVISION {
-            write!(f, "{}", self.repo_id)
-        } else {
-            write!(f, "{}@{}", self.repo_id, self.revision)
-        }
-    }
-}
-
-fn check_repo_id(repo: &str) -> Result<(), String> {
-    let parts: Vec<&str> = repo.split('/').collect();
-    if parts.len() != 2 {
-        return Err("the name must have exactly one '/'".into());
-    }
-    for p in parts {
-        if p.is_empty() || p.len() > 96 {
-            return Err("each part must have 1 to 96 characters".into());
-        }
-        if !p
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err("only letters, digits, '-', '_' and '.' are allowed".into());
-        }
-        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
-        if !word(p.as_bytes()[0]) || !word(p.as_bytes()[p.len() - 1]) {
-            return Err("a part cannot start or end with '-' or '.'".into());
-        }
-    }
-    if repo.contains("--") || repo.contains("..") {
-        return Err("'--' and '..' are not allowed".into());
-    }
-    if repo.ends_with(".git") {
-        return Err("the name cannot end with '.git'".into());
-    }
-    Ok(())
-}
-
-/// A revision becomes a path under `refs/`, so it must be a plain relative path.
-fn check_revision(rev: &str) -> Result<(), String> {
-    if rev.is_empty() || rev.len() > 255 {
-        return Err("the revision must have 1 to 255 characters".into());
-    }
-    if rev
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '\\' | '@' | ':'))
-    {
-        return Err("the revision has a character git does not allow".into());
-    }
-    if rev.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Err("the revision is not a valid git ref".into());
-    }
-    Ok(())
-}
-
-fn is_commit_hash(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-fn is_sha256(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// Whether `s` names a hub model (`org/name` or `org/name@revision`, by the hub's naming
-/// rules) rather than a local folder: an existing path is never a hub id.
-pub fn is_hub_id(s: &str) -> bool {
-    !Path::new(s).exists() && HubSpec::parse(s).is_ok()
-}
-
-/// The local snapshot folder of the model `spec` names (see the module docs for what it
-/// holds), downloading what is missing into the cache. A complete cached snapshot is
-/// returned without contacting the hub; use [`fetch`] to check the hub for a newer commit.
+/// The local snapshot folder (safetensors) or GGUF file (the first part of a split model) of
+/// the model `spec` names (see the module docs), downloading what is missing into the cache.
+/// What the cache already holds for the id is returned without contacting the hub; use
+/// [`fetch`] to check the hub for a newer commit.
 pub fn resolve(spec: &str, opts: &HubOptions) -> Result<PathBuf, HubError> {
     resolve_with(spec, opts, &Tuning::default())
 }
 
 /// Like [`resolve`], but always asks the hub which commit the revision names and downloads
-/// it if needed (`kiln pull`). If the hub cannot be reached (or refuses) and a complete
-/// snapshot is cached, that snapshot is returned with a warning on stderr.
+/// it if needed (`kiln pull`). If the hub cannot be reached (or refuses) and the cache holds
+/// the model, that copy is returned with a warning on stderr.
 pub fn fetch(spec: &str, opts: &HubOptions) -> Result<PathBuf, HubError> {
     fetch_with(spec, opts, &Tuning::default())
 }
 
-/// The complete cached snapshot of `spec`, if there is one; never touches the network.
+/// What [`resolve`] would return from the cache alone, if anything; never touches the network.
 pub fn cached(spec: &str, opts: &HubOptions) -> Result<Option<PathBuf>, HubError> {
     let spec = HubSpec::parse(spec)?;
-    Ok(match cache_state(&opts.cache_root(), &spec) {
+    Ok(match cache_state(&opts.cache_root(), &spec, false) {
         CacheState::Complete(p) => Some(p),
         _ => None,
     })
@@ -426,7 +355,7 @@ impl Default for Tuning {
 
 pub(crate) fn resolve_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Result<PathBuf, HubError> {
     let parsed = HubSpec::parse(spec)?;
-    if let CacheState::Complete(p) = cache_state(&opts.cache_root(), &parsed) {
+    if let CacheState::Complete(p) = cache_state(&opts.cache_root(), &parsed, false) {
         return Ok(p);
     }
     fetch_with(spec, opts, tuning)
@@ -435,10 +364,13 @@ pub(crate) fn resolve_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Re
 pub(crate) fn fetch_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Result<PathBuf, HubError> {
     let spec = HubSpec::parse(spec)?;
     let cache = opts.cache_root();
-    let state = cache_state(&cache, &spec);
+    let state = cache_state(&cache, &spec, true);
     if opts.offline {
         return match state {
-            CacheState::Complete(p) => Ok(p),
+            CacheState::Complete(p) => {
+                note_cached_default(&spec, &p, opts);
+                Ok(p)
+            }
             CacheState::Partial { snapshot, missing } => Err(HubError::OfflinePartial {
                 model: spec.to_string(),
                 snapshot,
@@ -454,7 +386,7 @@ pub(crate) fn fetch_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Resu
         Ok(p) => Ok(p),
         Err(e) => match state {
             CacheState::Complete(p) if e.allows_cache_fallback() => {
-                eprintln!("warning: {e}; using the cached snapshot {}", p.display());
+                eprintln!("warning: {e}; using the cached copy {}", p.display());
                 Ok(p)
             }
             _ => Err(e),
@@ -462,32 +394,77 @@ pub(crate) fn fetch_with(spec: &str, opts: &HubOptions, tuning: &Tuning) -> Resu
     }
 }
 
+/// A plain id answered from the cache by a GGUF file: say which, as the download does.
+fn note_cached_default(spec: &HubSpec, path: &Path, opts: &HubOptions) {
+    if spec.select == Select::Default && path.is_file() && !opts.quiet {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        eprintln!(
+            "note: {spec} has no safetensors weights in the cache; using its cached GGUF file {name} \
+             (choose another with {}:QUANT)",
+            spec.repo_id
+        );
+    }
+}
+
 /// What the cache holds for one model revision.
 #[derive(Debug)]
 enum CacheState {
+    /// The snapshot folder (safetensors) or the GGUF file (first part).
     Complete(PathBuf),
-    Partial { snapshot: PathBuf, missing: String },
+    Partial {
+        snapshot: PathBuf,
+        missing: String,
+    },
     Absent,
 }
 
-fn cache_state(cache: &Path, spec: &HubSpec) -> CacheState {
+/// The snapshot folder `spec`'s revision names in the cache, if it exists.
+fn cached_snapshot(cache: &Path, spec: &HubSpec) -> Option<PathBuf> {
     let repo_dir = cache.join(spec.folder_name());
     let commit = if spec.is_commit() {
         spec.revision.clone()
     } else {
         match std::fs::read_to_string(repo_dir.join("refs").join(&spec.revision)) {
             Ok(c) if is_commit_hash(c.trim()) => c.trim().to_string(),
-            _ => return CacheState::Absent,
+            _ => return None,
         }
     };
     let snapshot = repo_dir.join("snapshots").join(&commit);
-    if !snapshot.is_dir() {
+    snapshot.is_dir().then_some(snapshot)
+}
+
+/// What the cache holds of `spec`. A plain id is a complete safetensors snapshot; with
+/// `gguf_default` (offline, or the hub out of reach) also the default among the cached GGUF
+/// files, since only the hub's file list says whether the repository has safetensors.
+fn cache_state(cache: &Path, spec: &HubSpec, gguf_default: bool) -> CacheState {
+    let Some(snapshot) = cached_snapshot(cache, spec) else {
         return CacheState::Absent;
+    };
+    if spec.select != Select::Default {
+        return gguf_state(&snapshot, spec).unwrap_or(CacheState::Absent);
     }
     match missing_in_snapshot(&snapshot) {
         None => CacheState::Complete(snapshot),
-        Some(missing) => CacheState::Partial { snapshot, missing },
+        Some(missing) => match gguf_state(&snapshot, spec).filter(|_| gguf_default) {
+            Some(state) => state,
+            None => CacheState::Partial { snapshot, missing },
+        },
     }
+}
+
+/// The GGUF model `spec` picks among those in `snapshot`: complete, missing a part, or `None`
+/// when none matches.
+fn gguf_state(snapshot: &Path, spec: &HubSpec) -> Option<CacheState> {
+    let files = gguf::snapshot_files(snapshot);
+    let models = gguf::models(files.iter().map(String::as_str));
+    let model = gguf::pick(&spec.select, &models, spec).ok()??;
+    Some(match gguf::missing_part(snapshot, &model) {
+        None => CacheState::Complete(snapshot.join(&model.first)),
+        Some(f) => CacheState::Partial {
+            snapshot: snapshot.to_path_buf(),
+            missing: format!("{f} is missing"),
+        },
+    })
 }
 
 /// The first file Kiln needs that `snapshot` lacks, as a message.
@@ -586,6 +563,37 @@ fn plan_files(spec: &HubSpec, files: &BTreeSet<String>) -> Result<Vec<String>, H
     Ok(plan)
 }
 
+/// The GGUF model `spec` asks for among the repository's `files`, or `None` for a
+/// safetensors download (a plain id of a repository with safetensors weights, or with no
+/// GGUF model either). Every part of a split model must be listed. A plain id that falls
+/// back to a GGUF file says which on stderr (unless `quiet`).
+fn plan_gguf(spec: &HubSpec, files: &BTreeSet<String>, quiet: bool) -> Result<Option<gguf::GgufModel>, HubError> {
+    let models = gguf::models(files.iter().map(String::as_str));
+    let has_safetensors = files.contains(SINGLE_WEIGHTS) || files.contains(WEIGHTS_INDEX);
+    if spec.select == Select::Default && (has_safetensors || models.is_empty()) {
+        return Ok(None);
+    }
+    let Some(model) = gguf::pick(&spec.select, &models, spec)? else {
+        return Ok(None);
+    };
+    if let Some(f) = model.files().into_iter().find(|f| !files.contains(f)) {
+        return Err(HubError::MissingFile {
+            model: spec.to_string(),
+            file: format!("{f} (a part of the split model {})", model.first),
+        });
+    }
+    if spec.select == Select::Default && !quiet {
+        eprintln!(
+            "note: {spec} has no safetensors weights; using its GGUF file {} (Q4_K_M if present, \
+             else Q8_0, else the first; choose with {}:QUANT; {})",
+            model.describe(),
+            spec.repo_id,
+            gguf::available(&models)
+        );
+    }
+    Ok(Some(model))
+}
+
 fn is_other_weight_format(f: &str) -> bool {
     const EXT: [&str; 9] = [
         ".safetensors",
@@ -606,7 +614,11 @@ fn download(spec: &HubSpec, opts: &HubOptions, cache: &Path, tuning: &Tuning) ->
     let client = http::Client::new(opts, spec, tuning)?;
     let info = client.model_info()?;
     let files: BTreeSet<String> = info.files.into_iter().collect();
-    let mut plan = plan_files(spec, &files)?;
+    let gguf_model = plan_gguf(spec, &files, opts.quiet)?;
+    let mut plan = match &gguf_model {
+        Some(m) => m.files(),
+        None => plan_files(spec, &files)?,
+    };
 
     let repo_dir = cache.join(spec.folder_name());
     let snapshot = repo_dir.join("snapshots").join(&info.commit);
@@ -652,7 +664,11 @@ fn download(spec: &HubSpec, opts: &HubOptions, cache: &Path, tuning: &Tuning) ->
         i += 1;
     }
 
-    if let Some(missing) = missing_in_snapshot(&snapshot) {
+    let missing = match &gguf_model {
+        Some(m) => gguf::missing_part(&snapshot, m).map(|f| format!("{f} is missing")),
+        None => missing_in_snapshot(&snapshot),
+    };
+    if let Some(missing) = missing {
         return Err(HubError::BadResponse {
             url: client.file_url(&info.commit, ""),
             message: format!("after the download, {missing} in {}", snapshot.display()),
@@ -661,7 +677,10 @@ fn download(spec: &HubSpec, opts: &HubOptions, cache: &Path, tuning: &Tuning) ->
     if !spec.is_commit() {
         write_ref(&repo_dir, &spec.revision, &info.commit)?;
     }
-    Ok(snapshot)
+    Ok(match gguf_model {
+        Some(m) => snapshot.join(m.first),
+        None => snapshot,
+    })
 }
 
 fn create_dir(p: &Path) -> Result<(), HubError> {

@@ -535,7 +535,8 @@ fn hub_errors_are_one_clear_line() {
     assert_eq!(
         e.to_string(),
         "model acme/pytorch has no safetensors weights (model.safetensors or \
-         model.safetensors.index.json) (it has pytorch_model.bin); Kiln only loads safetensors"
+         model.safetensors.index.json) and no GGUF model files (it has pytorch_model.bin); \
+         Kiln loads safetensors or GGUF"
     );
     // Decided from the file list alone: nothing downloaded.
     assert_eq!(hub.request_count(), n + 1);
