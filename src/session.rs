@@ -394,6 +394,11 @@ impl Session {
 /// (`HF_HOME`, `HF_HUB_CACHE`) and downloaded there if missing, as `HF_ENDPOINT`, `HF_TOKEN`
 /// and `HF_HUB_OFFLINE` say. `quiet` hides the download progress bars.
 pub fn resolve_model(path: &Path, quiet: bool) -> Result<PathBuf> {
+    // Anything on disk under that name is local, even a symlink loop or a dangling link that
+    // `Path::exists` calls absent: the loader says what is wrong with it.
+    if path.symlink_metadata().is_ok() {
+        return Ok(path.to_path_buf());
+    }
     let Some(id) = path.to_str().filter(|s| hub::is_hub_id(s)) else {
         return Ok(path.to_path_buf());
     };
