@@ -456,6 +456,32 @@ fn special_files_as_the_model() {
     assert!(entries(cache.path()).is_empty());
 }
 
+/// Two tensors of a safetensors file whose `data_offsets` overlap: the model would load and
+/// run on another tensor's bytes. Refused, naming both.
+#[test]
+fn overlapping_tensors_are_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let m = copy_fixture("llama");
+    let path = m.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (k, v) = (
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+    );
+    header[k]["data_offsets"] = header[v]["data_offsets"].clone();
+    let mut text = header.to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(&path, out).unwrap();
+    expect_error(m.path(), cache.path(), &[], &["model.safetensors", k, v, "overlap"]);
+}
+
 #[test]
 fn prompt_longer_than_the_context() {
     let cache = tempfile::tempdir().unwrap();

@@ -80,6 +80,21 @@ pub enum GgufError {
         file_len: u64,
     },
 
+    /// Two tensors whose data share bytes (see [`crate::overlap`]); offsets are absolute.
+    #[error(
+        "{}: tensors {first} (offset {first_offset}, {first_size} bytes) and {second} (offset {second_offset}, {second_size} bytes) overlap",
+        path.display()
+    )]
+    OverlappingTensors {
+        path: PathBuf,
+        first: String,
+        first_offset: u64,
+        first_size: u64,
+        second: String,
+        second_offset: u64,
+        second_size: u64,
+    },
+
     /// A tensor-table entry that is inconsistent in itself (dimensions, alignment, name).
     #[error("{}: tensor {tensor} {problem}", path.display())]
     BadTensor {

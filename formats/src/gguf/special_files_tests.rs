@@ -1,13 +1,22 @@
-//! A GGUF path that is not a regular file (a FIFO, a device, a directory, a symlink loop).
+//! A GGUF path that is not a regular file (a FIFO, a device, a directory, a symlink loop), and
+//! GGUF files whose tensors' data overlap.
 //!
-//! Invariants: each case is one error naming the path and what it is, and nothing blocks on a
-//! FIFO (each load runs under [`within`]).
+//! Invariants: each case is one error naming the path and what it is, nothing blocks on a FIFO
+//! (each load runs under [`within`]), and a tensor pointing into another's bytes (of any type)
+//! is refused naming both.
 
+use super::parse::GgufHeader;
+use super::tests::Writer;
 use super::*;
 use crate::loader::{self, LoadOptions};
+use kiln_core::DType;
 use kiln_testkit::special_files::{mkfifo, symlink_loop, within};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+fn tiny_llama() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/gguf/tiny-llama.gguf")
+}
 
 /// The error of `f(path)`, which must come within 10 s.
 fn err_within<T: Send + 'static, E: ToString + Send + 'static>(path: &Path, f: fn(&Path) -> Result<T, E>) -> String {
@@ -69,4 +78,80 @@ fn gguf_path_that_is_a_fifo_device_directory_or_loop() {
     );
     assert_eq!(err_within(&looped, gguf_load), want);
     assert_eq!(err_within(&looped, any_load), want);
+}
+
+/// `bytes` (a whole GGUF file) with the tensor `name` moved to `offset` in the data section.
+fn with_offset(bytes: &[u8], name: &str, offset: u64) -> Vec<u8> {
+    let h = GgufHeader::parse(bytes, Path::new("m")).unwrap();
+    let mut w = Writer::new(h.version).kvs(&h.metadata);
+    for t in &h.tensors {
+        let at = if t.name == name { offset } else { t.offset };
+        w = w.tensor(&t.name, &t.ne, t.type_id, at);
+    }
+    let mut out = w.finish();
+    out.extend(&bytes[h.data_start as usize..]);
+    out
+}
+
+#[test]
+fn a_tensor_pointing_into_another_of_another_type_is_refused() {
+    let bytes = std::fs::read(tiny_llama()).unwrap();
+    let h = GgufHeader::parse(&bytes, Path::new("m")).unwrap();
+    // A float tensor made to read the bytes of the largest quantised one.
+    let small = h.tensors.iter().find(|t| t.dtype == DType::F32).unwrap();
+    let big = h
+        .tensors
+        .iter()
+        .filter(|t| t.dtype.is_quantized())
+        .max_by_key(|t| t.size)
+        .unwrap();
+    assert!(small.size < big.size);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overlap.gguf");
+    std::fs::write(&path, with_offset(&bytes, &small.name, big.offset)).unwrap();
+    let at = GgufHeader::parse(&std::fs::read(&path).unwrap(), &path)
+        .map(|_| ())
+        .unwrap_err();
+    let start = h.data_start + big.offset;
+    let want = format!(
+        "{}: tensors {} (offset {start}, {} bytes) and {} (offset {start}, {} bytes) overlap",
+        path.display(),
+        small.name,
+        small.size,
+        big.name,
+        big.size
+    );
+    assert_eq!(at.to_string(), want);
+    assert_eq!(err_within(&path, any_load), want);
+
+    // The unmodified rewrite loads, so the offset is what was refused.
+    std::fs::write(&path, with_offset(&bytes, &small.name, small.offset)).unwrap();
+    assert!(load(&path).is_ok());
+}
+
+#[test]
+fn overlaps_in_a_bare_tensor_table() {
+    let parse = |w: Writer, data: usize| {
+        let mut f = w.finish();
+        f.extend(vec![0u8; data]);
+        GgufHeader::parse(&f, Path::new("/x/m.gguf")).map(|h| h.data_start)
+    };
+    // 64 f32 (256 bytes at 0) and 32 f16 (64 bytes at 128): contained, another type.
+    let w = Writer::new(3).tensor("a", &[64], 0, 0).tensor("b", &[32], 1, 128);
+    let e = parse(w, 512).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/x/m.gguf: tensors a (offset ")
+            && e.contains(", 256 bytes) and b (offset ")
+            && e.ends_with(", 64 bytes) overlap"),
+        "{e}"
+    );
+    // Listed in the other order, the same pair in the same order.
+    let w = Writer::new(3).tensor("b", &[32], 1, 128).tensor("a", &[64], 0, 0);
+    assert_eq!(parse(w, 512).unwrap_err().to_string(), e);
+    // Adjacent tensors and a zero-size one share nothing.
+    let w = Writer::new(3)
+        .tensor("a", &[64], 0, 0)
+        .tensor("b", &[32], 1, 256)
+        .tensor("z", &[0], 0, 128);
+    assert!(parse(w, 512).is_ok());
 }

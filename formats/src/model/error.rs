@@ -108,6 +108,23 @@ pub enum ModelError {
         problem: String,
     },
 
+    /// Two tensors of one file whose `data_offsets` share bytes (see [`crate::overlap`]).
+    #[error(
+        "{}: tensors {first} (data_offsets [{}, {}]) and {second} (data_offsets [{}, {}]) overlap",
+        path.display(),
+        first_offsets[0],
+        first_offsets[1],
+        second_offsets[0],
+        second_offsets[1]
+    )]
+    OverlappingTensors {
+        path: PathBuf,
+        first: String,
+        first_offsets: [u64; 2],
+        second: String,
+        second_offsets: [u64; 2],
+    },
+
     /// A sharded checkpoint's index is malformed or names a file that is unusable.
     #[error("{}: {problem}", path.display())]
     BadIndex { path: PathBuf, problem: String },

@@ -1,13 +1,13 @@
 //! A Hugging Face model folder where something is not the regular file it should be (a FIFO, a
-//! device, a directory, a symlink loop).
+//! device, a directory, a symlink loop), and safetensors files whose tensors share bytes.
 //!
 //! Invariants: every such case is one error naming the path and what it is (never "does not
-//! exist" for something that is there), and nothing blocks on a FIFO (each load runs under
-//! [`within`]).
+//! exist" for something that is there), nothing blocks on a FIFO (each load runs under
+//! [`within`]), and overlapping `data_offsets` are refused naming both tensors.
 
 use crate::loader::{self, LoadOptions};
 use kiln_testkit::special_files::{mkfifo, symlink_loop, within};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -193,4 +193,90 @@ fn weight_files_and_shards_that_are_fifos_directories_or_loops() {
 
     let p = fifo_at(m.path(), "model.safetensors.index.json");
     assert_eq!(load_err(m.path()), format!("{} {FIFO}", p.display()));
+}
+
+/// Rewrites the header of the safetensors file `path` with `edit`, keeping the data as it is
+/// (offsets are relative to the data section, which only moves).
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(header.as_object_mut().unwrap());
+    let mut text = header.to_string();
+    while !(8 + text.len()).is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    fs::write(path, out).unwrap();
+}
+
+fn offsets(header: &serde_json::Map<String, Value>, name: &str) -> Value {
+    header[name]["data_offsets"].clone()
+}
+
+#[test]
+fn overlapping_data_offsets_are_refused_naming_both_tensors() {
+    let k = "model.layers.0.self_attn.k_proj.weight";
+    let v = "model.layers.0.self_attn.v_proj.weight";
+    // k reads v's bytes (same shape and type): before this check the model loaded and ran.
+    let m = qwen2();
+    let st = m.path().join("model.safetensors");
+    let mut at = Value::Null;
+    edit_header(&st, |h| {
+        at = offsets(h, v);
+        h.get_mut(k).unwrap()["data_offsets"] = at.clone();
+    });
+    let (s, e) = (at[0].as_u64().unwrap(), at[1].as_u64().unwrap());
+    assert_eq!(
+        load_err(m.path()),
+        format!(
+            "{}: tensors {k} (data_offsets [{s}, {e}]) and {v} (data_offsets [{s}, {e}]) overlap",
+            st.display()
+        )
+    );
+
+    // A tensor of another type, unused by the model, inside the embedding table.
+    let m = qwen2();
+    let st = m.path().join("model.safetensors");
+    edit_header(&st, |h| {
+        h.insert(
+            "extra.f32".into(),
+            json!({"dtype": "F32", "shape": [16], "data_offsets": [1000, 1064]}),
+        );
+    });
+    let e = load_err(m.path());
+    assert!(
+        e.ends_with("tensors model.embed_tokens.weight (data_offsets [0, 128384]) and extra.f32 (data_offsets [1000, 1064]) overlap"),
+        "{e}"
+    );
+
+    // Partial overlap by one element in a file of two tensors; adjacent and empty ones pass.
+    let m = qwen2();
+    let st = m.path().join("model.safetensors");
+    let partial = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[14,22]}}"#;
+    fs::write(&st, raw(partial, &[0; 24])).unwrap();
+    assert_eq!(
+        load_err(m.path()),
+        format!(
+            "{}: tensors a (data_offsets [0, 16]) and b (data_offsets [14, 22]) overlap",
+            st.display()
+        )
+    );
+    let fine = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]},"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}}"#;
+    fs::write(&st, raw(fine, &[0; 24])).unwrap();
+    let e = load_err(m.path());
+    assert!(
+        e.contains("not found"),
+        "no overlap, so the model's first tensor is missing: {e}"
+    );
+}
+
+/// Raw safetensors bytes: length prefix, header text as given, data.
+fn raw(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
 }

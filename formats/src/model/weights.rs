@@ -6,8 +6,9 @@
 //! entry's byte length against `shape × dtype`. After that, every [`TensorView`] handed out
 //! lies inside its mapping, so no later access can fault on a malformed file. (A file truncated
 //! by another process *after* it was mapped can still raise SIGBUS; that is inherent to memory
-//! mapping.) Only regular files are opened ([`kiln_core::files`]): a FIFO or a device named as a
-//! weight file is refused without blocking.
+//! mapping.) No two tensors of a file may share bytes ([`crate::overlap`]), and only regular
+//! files are opened ([`kiln_core::files`]): a FIFO or a device named as a weight file is refused
+//! without blocking.
 //!
 //! Alignment: the kernels read weights in place, as arrays of their element type, so each
 //! tensor must start at a multiple of its element size. Files written by the `safetensors`
@@ -18,6 +19,7 @@
 
 use super::config::describe;
 use super::error::ModelError;
+use crate::overlap::{Span, first_overlap};
 use kiln_core::files;
 use kiln_core::weights::{WeightReq, weight_list};
 use kiln_core::{DType, ModelSpec, WeightId};
@@ -345,7 +347,7 @@ impl Weights {
         // In file order, so a cut file reports its first incomplete tensor (done above for the
         // bounds) and size mismatches come in a stable order.
         raws.sort_by_key(|r| (r.begin, r.end));
-        for raw in raws {
+        for raw in &raws {
             let bad = |problem: String| ModelError::BadTensor {
                 path: path.clone(),
                 tensor: raw.name.clone(),
@@ -365,6 +367,24 @@ impl Weights {
                     // model ever asks for it (its dtype is unsupported).
                 }
             }
+        }
+        // Each entry is consistent in itself; no two may share bytes.
+        let spans = raws.iter().map(|r| Span {
+            name: &r.name,
+            start: r.begin as u64,
+            end: r.end as u64,
+        });
+        if let Some((a, b)) = first_overlap(spans) {
+            return Err(ModelError::OverlappingTensors {
+                path: path.clone(),
+                first: a.name.to_string(),
+                first_offsets: [a.start, a.end],
+                second: b.name.to_string(),
+                second_offsets: [b.start, b.end],
+            });
+        }
+        for raw in raws {
+            let len = raw.end - raw.begin;
             let start = data_start + raw.begin;
             let end = data_start + raw.end;
             let storage = match raw.dtype {
