@@ -435,7 +435,12 @@ impl Session {
 /// missing path with `:` or `@` that is no valid id is reported as a bad id. `quiet` hides
 /// the download progress bars and notes.
 pub fn resolve_model(path: &Path, quiet: bool) -> Result<PathBuf> {
-    let Some(id) = path.to_str().filter(|_| !path.exists()) else {
+    // Anything on disk under that name is local, even a symlink loop or a dangling link that
+    // `Path::exists` calls absent: the loader says what is wrong with it.
+    if path.symlink_metadata().is_ok() {
+        return Ok(path.to_path_buf());
+    }
+    let Some(id) = path.to_str() else {
         return Ok(path.to_path_buf());
     };
     match hub::HubSpec::parse(id) {

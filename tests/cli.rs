@@ -288,13 +288,10 @@ fn copy_fixture(name: &str) -> tempfile::TempDir {
     dir
 }
 
-/// Runs `kiln run` on a broken model and checks the error contract: non-zero exit, one line on
-/// stderr containing every `needle`, no panic, no cache entry.
-fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
-    let mut args = vec!["run", model.to_str().unwrap(), "--prompt", "hello", "--max-tokens", "4"];
-    args.extend_from_slice(extra);
-    let o = kiln(cache, &args);
-    let err = stderr(&o);
+/// Checks the error contract on a finished run: non-zero exit, one line on stderr containing
+/// every `needle`, no panic.
+fn assert_one_line_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success");
     assert!(!err.contains("panicked"), "panic: {err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("compiling")).collect();
@@ -303,6 +300,15 @@ fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "error should mention {n:?}: {err}");
     }
+}
+
+/// Runs `kiln run` on a broken model and checks the error contract: non-zero exit, one line on
+/// stderr containing every `needle`, no panic, no cache entry.
+fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
+    let mut args = vec!["run", model.to_str().unwrap(), "--prompt", "hello", "--max-tokens", "4"];
+    args.extend_from_slice(extra);
+    let o = kiln(cache, &args);
+    assert_one_line_error(&o, needles);
     assert!(
         entries(cache).is_empty() || extra.contains(&"--ctx"),
         "no cache entry for a bad model"
@@ -392,6 +398,88 @@ fn bad_tensors() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
     expect_error(m.path(), cache.path(), &[], &["model.safetensors", "truncated"]);
+}
+
+/// `kiln run MODEL` from the folder `cwd`; fails the test unless it exits within 30 s (a blocking
+/// read of a FIFO never would, so the child is killed instead of hanging the suite).
+fn run_within_30s(cache: &Path, cwd: &Path, model: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", model, "--prompt", "hello", "--max-tokens", "2"])
+        .current_dir(cwd)
+        .env("KILN_CACHE_DIR", cache)
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("KILN_PROFILE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kiln starts");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("kiln run {model} blocked for 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A FIFO, a device or a symlink loop as the model (or as one of its files) is named as what it
+/// is, quickly, and never read.
+#[test]
+fn special_files_as_the_model() {
+    use kiln_testkit::special_files::{mkfifo, symlink_loop};
+    let cache = tempfile::tempdir().unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let fifo = base.path().join("model");
+    mkfifo(&fifo);
+    let o = run_within_30s(cache.path(), base.path(), fifo.to_str().unwrap());
+    assert_one_line_error(
+        &o,
+        &[fifo.to_str().unwrap(), "is a FIFO (named pipe), not a regular file"],
+    );
+    let o = run_within_30s(cache.path(), base.path(), "/dev/zero");
+    assert_one_line_error(&o, &["/dev/zero is a character device, not a regular file"]);
+
+    let m = copy_fixture("llama");
+    let tokenizer = m.path().join("tokenizer.json");
+    std::fs::remove_file(&tokenizer).unwrap();
+    mkfifo(&tokenizer);
+    let o = run_within_30s(cache.path(), base.path(), m.path().to_str().unwrap());
+    assert_one_line_error(&o, &[tokenizer.to_str().unwrap(), "is a FIFO"]);
+
+    // Relative and shaped like a hub id (`org/name`): still a local path, not a download.
+    std::fs::create_dir(base.path().join("models")).unwrap();
+    symlink_loop(&base.path().join("models/looped"));
+    let o = run_within_30s(cache.path(), base.path(), "models/looped");
+    assert_one_line_error(&o, &["models/looped is a symlink loop"]);
+    assert!(entries(cache.path()).is_empty());
+}
+
+/// Two tensors of a safetensors file whose `data_offsets` overlap: the model would load and
+/// run on another tensor's bytes. Refused, naming both.
+#[test]
+fn overlapping_tensors_are_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let m = copy_fixture("llama");
+    let path = m.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (k, v) = (
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+    );
+    header[k]["data_offsets"] = header[v]["data_offsets"].clone();
+    let mut text = header.to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(&path, out).unwrap();
+    expect_error(m.path(), cache.path(), &[], &["model.safetensors", k, v, "overlap"]);
 }
 
 #[test]

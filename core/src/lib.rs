@@ -1,13 +1,15 @@
 //! Shared vocabulary of Kiln's compiler and runtime: what a model is ([`ModelSpec`]: tensors,
 //! buffers and the forward pass as operations), how each architecture builds one ([`arch`]),
 //! which kernels a library for it exports ([`Kernel`]), in what order they run ([`graph`]), how
-//! they are called ([`abi`]) and what the host offers ([`target`]). It has no dependency on
+//! they are called ([`abi`]), what the host offers ([`target`]) and how the files a user names
+//! are opened ([`files`]). It has no dependency on
 //! MLIR, so the runtime can use it without the compiler.
 
 pub mod abi;
 pub mod arch;
 pub mod dequant;
 pub mod dtype;
+pub mod files;
 pub mod graph;
 pub mod kernel;
 pub mod ops;

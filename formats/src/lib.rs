@@ -6,3 +6,4 @@ pub mod gguf;
 pub mod hub;
 pub mod loader;
 pub mod model;
+pub mod overlap;

@@ -4,6 +4,7 @@
 
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
+use kiln_core::files::{self, FileKind};
 use kiln_core::spec::Layout;
 use kiln_core::{DType, ModelSpec, WeightId};
 use kiln_engine::buffers::AlignedBuf;
@@ -63,10 +64,18 @@ pub enum LoadError {
     Tokenizer(#[from] TokenizerError),
     #[error("--dequantize takes bf16 or f32, not {0}")]
     BadTarget(DType),
+    /// A folder named like a GGUF file that is not a Hugging Face model folder either.
+    #[error(
+        "{} is a directory, not a GGUF file (and it holds no config.json to read it as a Hugging Face model folder)",
+        path.display()
+    )]
+    GgufDirectory { path: PathBuf },
 }
 
 /// Reads the model at `path`: a GGUF file (recognised by its magic or its `.gguf` extension,
 /// so a damaged one is reported by the GGUF parser), a folder, or a folder's `config.json`.
+/// A path that is missing, a symlink loop, or neither a folder nor a regular file (a FIFO, a
+/// device) is reported as such by [`model::load`], without being opened.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     if let Some(t) = opts.dequantize
         && !matches!(t, DType::F32 | DType::BF16)
@@ -74,10 +83,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
         return Err(LoadError::BadTarget(t));
     }
     let gguf_name = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if path.is_file() && (gguf_name || gguf::is_gguf(path)) {
-        load_gguf(path, opts)
-    } else {
-        load_safetensors(path)
+    let kind = files::stat(path).map(|meta| FileKind::of(&meta));
+    match kind {
+        Ok(None) if gguf_name || gguf::is_gguf(path) => load_gguf(path, opts),
+        Ok(Some(FileKind::Directory))
+            if gguf_name && files::stat(&path.join("config.json")).is_err_and(|e| e.is_not_found()) =>
+        {
+            Err(LoadError::GgufDirectory {
+                path: path.to_path_buf(),
+            })
+        }
+        _ => load_safetensors(path),
     }
 }
 

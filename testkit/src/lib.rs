@@ -3,3 +3,4 @@
 
 pub mod fake_hub;
 pub mod gguf_split;
+pub mod special_files;

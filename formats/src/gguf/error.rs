@@ -3,12 +3,18 @@
 //! Every variant's `Display` is a single line that starts with the file's path and says what is
 //! wrong (and, for a tensor or metadata key, names it), so the CLI can print it as is.
 
+use kiln_core::files::FileError;
 use std::path::PathBuf;
 
 /// Why a GGUF file could not be read or used. See the module documentation of [`super`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
+    /// The path is missing, a symlink loop, or not a regular file (a FIFO, a device, a
+    /// directory); such a path is never read.
+    #[error(transparent)]
+    File(#[from] FileError),
+
     /// The file could not be opened, its size read, or mapped.
     #[error("{}: cannot read: {source}", path.display())]
     Io {
@@ -72,6 +78,21 @@ pub enum GgufError {
         offset: u64,
         size: u64,
         file_len: u64,
+    },
+
+    /// Two tensors whose data share bytes (see [`crate::overlap`]); offsets are absolute.
+    #[error(
+        "{}: tensors {first} (offset {first_offset}, {first_size} bytes) and {second} (offset {second_offset}, {second_size} bytes) overlap",
+        path.display()
+    )]
+    OverlappingTensors {
+        path: PathBuf,
+        first: String,
+        first_offset: u64,
+        first_size: u64,
+        second: String,
+        second_offset: u64,
+        second_size: u64,
     },
 
     /// A tensor-table entry that is inconsistent in itself (dimensions, alignment, name).

@@ -39,6 +39,8 @@ pub mod tokenizer;
 pub mod weights;
 
 #[cfg(test)]
+mod special_files_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::GgufError;
@@ -47,9 +49,9 @@ pub use tokenizer::GgufVocab;
 pub use weights::{GgufTensor, GgufWeights};
 
 use kiln_core::ModelSpec;
+use kiln_core::files;
 use kiln_text::tokenizer::Tokenizer;
 use memmap2::Mmap;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -80,25 +82,25 @@ pub struct LoadedGguf {
     pub chat_template: Option<String>,
 }
 
-/// Whether `path` is a file starting with the GGUF magic.
+/// Whether `path` is a regular file starting with the GGUF magic (never blocks on a FIFO).
 pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == parse::MAGIC)
+    files::open(path).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok() && magic == parse::MAGIC)
 }
 
-/// Maps `path` read-only and parses its header.
+/// Maps `path` read-only and parses its header. Only a regular file is opened: a FIFO, a
+/// device or a directory is refused by name ([`GgufError::File`]) without blocking.
 pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
     let io = |source| GgufError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(io)?;
+    let mut file = files::open(path)?;
     let len = file.metadata().map_err(io)?.len();
     if len < 4 {
         // Too short to map usefully; parse the bytes for the proper message.
-        let bytes = std::fs::read(path).map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
         GgufHeader::parse(&bytes, path)?;
     }
     // SAFETY: the mapping is read-only. The file is treated as immutable while the model is

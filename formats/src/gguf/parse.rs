@@ -17,10 +17,12 @@
 //! that remain before anything is allocated (a count of `n` elements of at least `m` bytes each
 //! needs `n × m` bytes), array nesting is capped at [`MAX_ARRAY_DEPTH`], every dimension product
 //! and byte size is computed with overflow checks, and every tensor's `offset + size` is checked
-//! against the file size and its offset against the alignment. No input makes [`GgufHeader::parse`]
-//! panic or read outside the given slice.
+//! against the file size and its offset against the alignment; no two tensors may share bytes
+//! ([`crate::overlap`]). No input makes [`GgufHeader::parse`] panic or read outside the given
+//! slice.
 
 use super::error::GgufError;
+use crate::overlap::{Span, first_overlap};
 use kiln_core::DType;
 use std::collections::HashMap;
 use std::fmt;
@@ -640,6 +642,22 @@ impl GgufHeader {
                     });
                 }
             }
+        }
+        let spans = tensors.iter().map(|t| Span {
+            name: &t.name,
+            start: t.start,
+            end: t.start + t.size,
+        });
+        if let Some((a, b)) = first_overlap(spans) {
+            return Err(GgufError::OverlappingTensors {
+                path: path.to_path_buf(),
+                first: a.name.to_string(),
+                first_offset: a.start,
+                first_size: a.end - a.start,
+                second: b.name.to_string(),
+                second_offset: b.start,
+                second_size: b.end - b.start,
+            });
         }
 
         Ok(GgufHeader {

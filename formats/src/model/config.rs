@@ -53,9 +53,10 @@ impl ModelConfig {
         let mut config = ModelConfig::from_json(&text, config_path)?;
         let dir = config_path.parent().unwrap_or(Path::new(""));
         let gen_path = dir.join("generation_config.json");
-        if gen_path.is_file() {
-            let text = read_text(&gen_path)?;
-            config.apply_generation_config(&text, &gen_path)?;
+        match kiln_core::files::read_to_string(&gen_path) {
+            Ok(text) => config.apply_generation_config(&text, &gen_path)?,
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
         Ok(config)
     }
@@ -101,12 +102,9 @@ impl ModelConfig {
     }
 }
 
-/// Reads a whole text file, mapping errors to [`ModelError::Io`].
+/// Reads a whole text file, refusing anything but a regular file ([`ModelError::File`]).
 pub(crate) fn read_text(path: &Path) -> Result<String, ModelError> {
-    std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(kiln_core::files::read_to_string(path)?)
 }
 
 /// The top-level object of a JSON file's text.

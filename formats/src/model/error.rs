@@ -3,6 +3,7 @@
 //! Every variant's `Display` is a single line that names the file (and the field or tensor when
 //! there is one) and says what was expected, so the CLI can print it as is.
 
+use kiln_core::files::{FileError, FileKind};
 use std::path::PathBuf;
 
 /// Why a model folder could not be read. See the module documentation.
@@ -12,6 +13,18 @@ pub enum ModelError {
     /// The path given to [`super::load`] does not exist.
     #[error("{} does not exist (expected a Hugging Face model folder or its config.json)", path.display())]
     NotFound { path: PathBuf },
+
+    /// The path given to [`super::load`] exists but is neither a folder nor a regular file.
+    #[error(
+        "{} is {kind}, not a regular file or folder (expected a Hugging Face model folder, its config.json or a GGUF file)",
+        path.display()
+    )]
+    NotAModel { path: PathBuf, kind: FileKind },
+
+    /// A file of the model (the path given, `config.json`, `generation_config.json`, the weights
+    /// or the index) is a symlink loop, a FIFO, a device or a directory, or cannot be opened.
+    #[error(transparent)]
+    File(#[from] FileError),
 
     /// A folder without `config.json`.
     #[error("config.json not found in {} (expected a Hugging Face model folder)", dir.display())]
@@ -92,6 +105,23 @@ pub enum ModelError {
         path: PathBuf,
         tensor: String,
         problem: String,
+    },
+
+    /// Two tensors of one file whose `data_offsets` share bytes (see [`crate::overlap`]).
+    #[error(
+        "{}: tensors {first} (data_offsets [{}, {}]) and {second} (data_offsets [{}, {}]) overlap",
+        path.display(),
+        first_offsets[0],
+        first_offsets[1],
+        second_offsets[0],
+        second_offsets[1]
+    )]
+    OverlappingTensors {
+        path: PathBuf,
+        first: String,
+        first_offsets: [u64; 2],
+        second: String,
+        second_offsets: [u64; 2],
     },
 
     /// A sharded checkpoint's index is malformed or names a file that is unusable.

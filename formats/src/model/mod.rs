@@ -19,6 +19,8 @@ pub mod error;
 pub mod weights;
 
 #[cfg(test)]
+mod special_files_tests;
+#[cfg(test)]
 mod tests;
 
 pub use config::ModelConfig;
@@ -26,6 +28,7 @@ pub use error::ModelError;
 pub use weights::{TensorView, Weights};
 
 use kiln_core::ModelSpec;
+use kiln_core::files::{self, FileError, FileKind};
 use std::path::{Path, PathBuf};
 
 /// A model folder, read and checked.
@@ -60,26 +63,36 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     })
 }
 
-/// Splits `path` into (model folder, config file).
+/// Splits `path` into (model folder, config file). A path that is there but is neither a
+/// folder nor a regular file (a FIFO, a device) is named as such rather than as missing, and
+/// is never opened.
 fn locate(path: &Path) -> Result<(PathBuf, PathBuf), ModelError> {
-    if path.is_dir() {
-        let config = path.join("config.json");
-        if config.is_file() {
-            Ok((path.to_path_buf(), config))
-        } else {
-            Err(ModelError::ConfigNotFound {
-                dir: path.to_path_buf(),
-            })
+    let meta = files::stat(path).map_err(|e| match e {
+        FileError::NotFound { path } => ModelError::NotFound { path },
+        e => e.into(),
+    })?;
+    match FileKind::of(&meta) {
+        Some(FileKind::Directory) => {
+            let config = path.join("config.json");
+            match files::stat(&config) {
+                // Whatever is there is opened (and refused unless a regular file) by the reader.
+                Ok(_) => Ok((path.to_path_buf(), config)),
+                Err(e) if e.is_not_found() => Err(ModelError::ConfigNotFound {
+                    dir: path.to_path_buf(),
+                }),
+                Err(e) => Err(e.into()),
+            }
         }
-    } else if path.is_file() {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        Ok((dir, path.to_path_buf()))
-    } else {
-        Err(ModelError::NotFound {
+        Some(kind) => Err(ModelError::NotAModel {
             path: path.to_path_buf(),
-        })
+            kind,
+        }),
+        None => {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            Ok((dir, path.to_path_buf()))
+        }
     }
 }

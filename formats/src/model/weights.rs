@@ -6,7 +6,9 @@
 //! entry's byte length against `shape × dtype`. After that, every [`TensorView`] handed out
 //! lies inside its mapping, so no later access can fault on a malformed file. (A file truncated
 //! by another process *after* it was mapped can still raise SIGBUS; that is inherent to memory
-//! mapping.)
+//! mapping.) No two tensors of a file may share bytes ([`crate::overlap`]), and only regular
+//! files are opened ([`kiln_core::files`]): a FIFO or a device named as a weight file is refused
+//! without blocking.
 //!
 //! Alignment: the kernels read weights in place, as arrays of their element type, so each
 //! tensor must start at a multiple of its element size. Files written by the `safetensors`
@@ -15,9 +17,10 @@
 //! once, at open, into an owned 8-byte-aligned buffer, so it still works at the cost of that
 //! tensor's memory; all other tensors are never copied.
 
-use super::config::read_text;
 use super::error::ModelError;
+use crate::overlap::{Span, first_overlap};
 use kiln_core::arch::params::describe;
+use kiln_core::files;
 use kiln_core::{DType, ModelSpec, Tensor};
 use memmap2::Mmap;
 use serde_json::Value;
@@ -109,29 +112,35 @@ pub struct Weights {
 impl Weights {
     /// Opens the weights of the model folder `dir`: `model.safetensors` if it exists (as
     /// `transformers` prefers it), else the shards listed in `model.safetensors.index.json`.
+    /// Either name being something other than a regular file (a FIFO, a directory, a symlink
+    /// loop) is an error naming it, not a reason to look further.
     pub fn open(dir: &Path) -> Result<Weights, ModelError> {
         let single = dir.join(SINGLE_FILE);
-        if single.is_file() {
-            let mut w = Weights {
-                dir: dir.to_path_buf(),
-                index: None,
-                files: Vec::new(),
-                tensors: HashMap::new(),
-                weight_map: HashMap::new(),
-            };
-            w.add_file(single)?;
-            return Ok(w);
+        match files::open(&single) {
+            Ok(file) => {
+                let mut w = Weights {
+                    dir: dir.to_path_buf(),
+                    index: None,
+                    files: Vec::new(),
+                    tensors: HashMap::new(),
+                    weight_map: HashMap::new(),
+                };
+                w.add_file(single, &file)?;
+                return Ok(w);
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
         let index = dir.join(INDEX_FILE);
-        if index.is_file() {
-            return Weights::open_sharded(dir, index);
+        match files::read_to_string(&index) {
+            Ok(text) => Weights::open_sharded(dir, index, &text),
+            Err(e) if e.is_not_found() => Err(ModelError::NoWeights { dir: dir.to_path_buf() }),
+            Err(e) => Err(e.into()),
         }
-        Err(ModelError::NoWeights { dir: dir.to_path_buf() })
     }
 
-    fn open_sharded(dir: &Path, index: PathBuf) -> Result<Weights, ModelError> {
-        let text = read_text(&index)?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+    fn open_sharded(dir: &Path, index: PathBuf, text: &str) -> Result<Weights, ModelError> {
+        let value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
             path: index.clone(),
             source,
         })?;
@@ -191,26 +200,22 @@ impl Weights {
         w.weight_map = by_tensor.into_iter().map(|(t, shard)| (t.to_string(), shard)).collect();
         for name in &shard_names {
             let path = dir.join(name);
-            if !path.is_file() {
-                return Err(bad(format!(
-                    "names shard {name}, but {} does not exist",
-                    path.display()
-                )));
-            }
-            w.add_file(path)?;
+            // "names shard X, but <path> does not exist / is a FIFO, not a regular file / ..."
+            let file = files::open(&path).map_err(|e| bad(format!("names shard {name}, but {e}")))?;
+            w.add_file(path, &file)?;
         }
         Ok(w)
     }
 
-    /// Maps one file, validates its header and registers its tensors. A tensor already
-    /// registered from an earlier file is kept unless the index places it in this one.
-    fn add_file(&mut self, path: PathBuf) -> Result<(), ModelError> {
+    /// Maps one file (`file`, opened from `path` by [`files::open`], so a regular file),
+    /// validates its header and registers its tensors. A tensor already registered from an
+    /// earlier file is kept unless the index places it in this one.
+    fn add_file(&mut self, path: PathBuf, file: &File) -> Result<(), ModelError> {
         let file_idx = self.files.len();
         let io = |source| ModelError::Io {
             path: path.clone(),
             source,
         };
-        let file = File::open(&path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
         let not_st = |problem: String| ModelError::NotSafetensors {
             path: path.clone(),
@@ -224,7 +229,7 @@ impl Weights {
         // SAFETY: the mapping is read-only. The file is treated as immutable while the model is
         // loaded (changing it meanwhile is not supported, as with any memory-mapped loader);
         // every access below is bounds-checked against `map.len()`, not the size read above.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let map = unsafe { Mmap::map(file) }.map_err(io)?;
         let total = map.len() as u64;
         let Some(prefix) = map.get(..8) else {
             return Err(not_st(format!(
@@ -341,7 +346,7 @@ impl Weights {
         // In file order, so a cut file reports its first incomplete tensor (done above for the
         // bounds) and size mismatches come in a stable order.
         raws.sort_by_key(|r| (r.begin, r.end));
-        for raw in raws {
+        for raw in &raws {
             let bad = |problem: String| ModelError::BadTensor {
                 path: path.clone(),
                 tensor: raw.name.clone(),
@@ -361,6 +366,24 @@ impl Weights {
                     // model ever asks for it (its dtype is unsupported).
                 }
             }
+        }
+        // Each entry is consistent in itself; no two may share bytes.
+        let spans = raws.iter().map(|r| Span {
+            name: &r.name,
+            start: r.begin as u64,
+            end: r.end as u64,
+        });
+        if let Some((a, b)) = first_overlap(spans) {
+            return Err(ModelError::OverlappingTensors {
+                path: path.clone(),
+                first: a.name.to_string(),
+                first_offsets: [a.start, a.end],
+                second: b.name.to_string(),
+                second_offsets: [b.start, b.end],
+            });
+        }
+        for raw in raws {
+            let len = raw.end - raw.begin;
             let start = data_start + raw.begin;
             let end = data_start + raw.end;
             let storage = match raw.dtype {

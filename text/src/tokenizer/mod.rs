@@ -67,14 +67,10 @@ pub enum TokenizerError {
         /// The path looked for.
         path: PathBuf,
     },
-    /// A file exists but could not be read.
-    #[error("{}: cannot read: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    /// A file is there but is not a regular file (a FIFO, a device, a directory), is a symlink
+    /// loop, or could not be read.
+    #[error(transparent)]
+    File(#[from] kiln_core::files::FileError),
     /// A file is not valid JSON.
     #[error("{file}: malformed JSON: {message}")]
     Json {
@@ -145,15 +141,11 @@ fn one_line(message: impl fmt::Display) -> String {
     message.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The bytes of `path`, `None` if it does not exist. A FIFO, a device, a directory or a
+/// symlink loop is an error naming it ([`TokenizerError::File`]), and is never read from, so a
+/// FIFO cannot block the load.
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, TokenizerError> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TokenizerError::Read {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
+    Ok(kiln_core::files::read_optional(path)?)
 }
 
 impl Tokenizer {
