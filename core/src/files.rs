@@ -175,12 +175,8 @@ mod tests {
     fn mkfifo(path: &Path) {
         let c = CString::new(path.as_os_str().as_bytes()).unwrap();
         // SAFETY: `c` is a NUL-terminated path that outlives the call.
-        assert_eq!(
-            unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
-            0,
-            "mkfifo {}",
-            path.display()
-        );
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+        assert_eq!(rc, 0, "mkfifo {}", path.display());
     }
 
     /// `read(path)` run on another thread; panics if it has not returned within 10 s (a FIFO

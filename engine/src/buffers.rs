@@ -24,6 +24,7 @@ pub struct AlignedBuf {
 // SAFETY: the buffer is plain memory owned by this value; concurrent access is coordinated by
 // the pool's barriers (kernels write disjoint parts between barriers).
 unsafe impl Send for AlignedBuf {}
+// SAFETY: as for `Send`: shared access never writes except through kernels the barriers order.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {

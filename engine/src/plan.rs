@@ -122,6 +122,7 @@ pub struct Plan {
 // SAFETY: the raw pointers in a plan point into buffers and weights owned by the engine that
 // owns the plan; kernels only touch them through the pool while the engine is borrowed.
 unsafe impl Send for Plan {}
+// SAFETY: as for `Send`; `run` takes `&mut self`, so one plan runs once at a time.
 unsafe impl Sync for Plan {}
 
 /// Where a graph argument lives: a buffer (with the byte length of one of its rows) or a

@@ -469,8 +469,9 @@ impl DateTime {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let secs = since_epoch.as_secs() as libc::time_t;
-        // SAFETY: `localtime_r` only writes the `tm` we hand it; a zeroed `tm` is valid.
+        // SAFETY: `tm` is plain C data, for which all zero bytes is a valid value.
         let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+        // SAFETY: `localtime_r` only reads `secs` and writes the `tm` we hand it.
         let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
         if !ok {
             return DateTime::from_unix_utc(secs as i64, since_epoch.subsec_micros());
