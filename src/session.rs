@@ -495,10 +495,3 @@ pub fn one_line(err: &anyhow::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
-/// Error for a model path that does not exist, naming it.
-pub fn missing_model(path: &Path) -> anyhow::Error {
-    anyhow!(
-        "model {} not found (expected a Hugging Face model folder with config.json)",
-        path.display()
-    )
-}

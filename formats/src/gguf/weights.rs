@@ -211,11 +211,6 @@ impl GgufWeights {
         self.reordered_bytes
     }
 
-    /// Size of the mapped file (all parts of a split model).
-    pub fn mapped_bytes(&self) -> u64 {
-        self.maps.iter().map(|m| m.len() as u64).sum()
-    }
-
     /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
     /// Face order.
     pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {

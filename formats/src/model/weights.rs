@@ -432,11 +432,6 @@ impl Weights {
         self.tensors.keys().map(String::as_str)
     }
 
-    /// Total size of the mapped files in bytes.
-    pub fn mapped_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.map.len() as u64).sum()
-    }
-
     /// Description of the files searched for `name`, for [`ModelError::MissingTensor`].
     fn searched(&self, name: &str) -> String {
         match (&self.index, self.weight_map.get(name)) {

@@ -386,11 +386,6 @@ impl Tokenizer {
         self.inner.tokenizer_class.as_deref()
     }
 
-    /// The underlying `tokenizers` tokenizer, after the adjustments described in the module
-    /// documentation.
-    pub fn backend(&self) -> &tokenizers::Tokenizer {
-        &self.inner.tok
-    }
 }
 
 /// The error for a `tokenizer.json` that is valid JSON but that the library refused.
