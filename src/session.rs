@@ -494,4 +494,3 @@ pub fn one_line(err: &anyhow::Error) -> String {
     }
     parts.join(": ").replace('\n', " ")
 }
-

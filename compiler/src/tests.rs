@@ -11,6 +11,7 @@ use kiln_core::{
 };
 use std::sync::OnceLock;
 
+mod ops;
 mod quant;
 
 const H: usize = 64;

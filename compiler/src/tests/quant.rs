@@ -233,7 +233,10 @@ fn embed_matches_gguf_py_fixtures() {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             let blocks = data.len() / dtype.block_bytes();
-            assert!(blocks >= 8 && blocks.is_multiple_of(2), "{dtype}: {blocks} fixture blocks");
+            assert!(
+                blocks >= 8 && blocks.is_multiple_of(2),
+                "{dtype}: {blocks} fixture blocks"
+            );
             let mut got = Vec::new();
             // The suite's embedding kernels have VOCAB rows of two blocks: feed the fixture
             // VOCAB rows at a time, padding the last table with zero bytes.

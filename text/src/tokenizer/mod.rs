@@ -385,7 +385,6 @@ impl Tokenizer {
     pub fn tokenizer_class(&self) -> Option<&str> {
         self.inner.tokenizer_class.as_deref()
     }
-
 }
 
 /// The error for a `tokenizer.json` that is valid JSON but that the library refused.
