@@ -2,19 +2,22 @@
 //! here; engine logic does not.
 
 use crate::chat;
+use crate::output::{WriteError, errln, outln};
 use crate::session::{
     self, BuildChoices, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache,
 };
 use anyhow::{Context as _, Result};
 use kiln_cache::{Cache, Lookup};
 use kiln_runtime::chat_template::RenderOptions;
-use kiln_runtime::generate::{GenerateOptions, generate};
+use kiln_runtime::generate::{GenerateOptions, Generation, StopReason, generate};
 use kiln_runtime::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
 use kiln_runtime::sampler::SamplingParams;
 use kiln_spec::HostCpu;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub struct CompileArgs {
@@ -50,24 +53,24 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
         "mlir_contexts": kiln_compiler::mlir_contexts_created(),
     });
     if args.json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
         let state = if lib.cache_hit() {
             "already compiled".to_string()
         } else {
             format!("compiled in {:.2} s", lib.compile_seconds)
         };
-        println!("{}: {state}", loaded.dir.display());
-        println!("  key      {}", lib.key);
-        println!(
+        outln!("{}: {state}", loaded.dir.display())?;
+        outln!("  key      {}", lib.key)?;
+        outln!(
             "  library  {} ({} kernels, {} bytes)",
             lib.path.display(),
             lib.kernels,
             lib.library_bytes
-        );
+        )?;
         for (what, dir) in [("MLIR", &args.emit_mlir), ("assembly", &args.emit_asm)] {
             if let Some(d) = dir {
-                println!("  {what} written to {}", d.display());
+                outln!("  {what} written to {}", d.display())?;
             }
         }
     }
@@ -135,6 +138,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     let mut session = prepared.into_session(&opts)?;
+    let cancel = Arc::new(AtomicBool::new(false));
     let eos_token_ids = if args.ignore_eos {
         Vec::new()
     } else if args.chat {
@@ -148,74 +152,114 @@ pub fn run(args: &RunArgs) -> Result<()> {
         eos_token_ids,
         show_special: args.show_special,
         stop: args.stop.clone(),
-        cancel: None,
+        cancel: Some(cancel.clone()),
     };
-    let json = args.json;
-    let stdout = std::io::stdout();
-    // Raw prompts print the text as it is; chat replies go through the reasoning filter.
-    let mut printer = args
-        .chat
-        .then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled()));
-    let mut on_text = |piece: &str| {
-        if !json {
-            let mut out = stdout.lock();
-            match &mut printer {
-                Some(p) => p.push(piece, &mut out),
-                None => {
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                }
-            }
-        }
-    };
+    let mut sink = TextSink::new(args, starts_thinking, cancel.clone());
     let tokenizer = session.tokenizer.clone();
-    let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut on_text)?;
-    if let (Some(p), false) = (&mut printer, json) {
-        p.finish(&mut stdout.lock());
-    }
+    let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut |piece| {
+        sink.push(piece)
+    })?;
+    sink.finish()?;
     crate::bench::write_profile(&session)?;
-    if json {
-        let report = json!({
-            "prompt_token_ids": generation.prompt_token_ids,
-            "token_ids": generation.token_ids,
-            "text": generation.text,
-            "stop_reason": generation.stop.as_str(),
-            "stop_string": generation.stop_string,
-            "prefill_tok_s": generation.prefill_tok_s(),
-            "decode_tok_s": generation.decode_tok_s(),
-            "prefill_s": generation.prefill_seconds,
-            "decode_s": generation.decode_seconds,
-            "compile_s": session.library.compile_seconds,
-            "cache_hit": session.library.cache_hit(),
-            "open_s": session.open_seconds,
-            "cache_key": session.library.key.to_string(),
-            "model_dir": session.dir.display().to_string(),
-            "threads": session.engine.threads(),
-            "prefill_block": session.engine.prefill_block(),
-            "seed": generation.seed,
-            "mlir_contexts": kiln_compiler::mlir_contexts_created(),
-        });
-        println!("{report}");
-    } else {
-        let mut out = stdout.lock();
-        let _ = writeln!(out);
-        let _ = out.flush();
-        if !args.quiet {
-            eprintln!(
-                "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}]",
-                generation.prompt_token_ids.len(),
-                generation.prefill_tok_s(),
-                generation.token_ids.len(),
-                generation.decode_tok_s(),
-                if session.library.cache_hit() {
-                    "cached library".to_string()
-                } else {
-                    format!("compiled in {:.2} s", session.library.compile_seconds)
-                },
-            );
-        }
+    if args.json {
+        outln!("{}", run_report(&session, &generation))?;
+    } else if !args.quiet {
+        errln!(
+            "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}{}]",
+            generation.prompt_token_ids.len(),
+            generation.prefill_tok_s(),
+            generation.token_ids.len(),
+            generation.decode_tok_s(),
+            if session.library.cache_hit() {
+                "cached library".to_string()
+            } else {
+                format!("compiled in {:.2} s", session.library.compile_seconds)
+            },
+            if generation.stop == StopReason::Cancelled {
+                "; stopped by Ctrl-C"
+            } else {
+                ""
+            },
+        )?;
     }
     Ok(())
+}
+
+/// `kiln run --json`'s object.
+fn run_report(session: &session::Session, generation: &Generation) -> serde_json::Value {
+    json!({
+        "prompt_token_ids": generation.prompt_token_ids,
+        "token_ids": generation.token_ids,
+        "text": generation.text,
+        "stop_reason": generation.stop.as_str(),
+        "stop_string": generation.stop_string,
+        "prefill_tok_s": generation.prefill_tok_s(),
+        "decode_tok_s": generation.decode_tok_s(),
+        "prefill_s": generation.prefill_seconds,
+        "decode_s": generation.decode_seconds,
+        "compile_s": session.library.compile_seconds,
+        "cache_hit": session.library.cache_hit(),
+        "open_s": session.open_seconds,
+        "cache_key": session.library.key.to_string(),
+        "model_dir": session.dir.display().to_string(),
+        "threads": session.engine.threads(),
+        "prefill_block": session.engine.prefill_block(),
+        "seed": generation.seed,
+        "mlir_contexts": kiln_compiler::mlir_contexts_created(),
+    })
+}
+
+/// Where `kiln run` streams its text: stdout as it is, or through the reasoning filter with
+/// `--chat`; nothing with `--json`. The first failed write stops generation (through the cancel
+/// flag) and is returned by [`TextSink::finish`], so no token is generated for nobody.
+struct TextSink {
+    json: bool,
+    printer: Option<chat::ReplyPrinter>,
+    cancel: Arc<AtomicBool>,
+    error: Option<WriteError>,
+}
+
+impl TextSink {
+    fn new(args: &RunArgs, starts_thinking: bool, cancel: Arc<AtomicBool>) -> TextSink {
+        TextSink {
+            json: args.json,
+            printer: args
+                .chat
+                .then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled())),
+            cancel,
+            error: None,
+        }
+    }
+
+    fn push(&mut self, piece: &str) {
+        if self.json || self.error.is_some() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let written = match &mut self.printer {
+            Some(p) => p.push(piece, &mut out),
+            None => out.write_all(piece.as_bytes()).and_then(|()| out.flush()),
+        };
+        if let Err(e) = written {
+            self.error = Some(WriteError::stdout(e));
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Ends the text (held-back text, the final newline) or returns the first failed write.
+    fn finish(mut self) -> Result<(), WriteError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.json {
+            return Ok(());
+        }
+        let mut out = std::io::stdout().lock();
+        if let Some(p) = &mut self.printer {
+            p.finish(&mut out).map_err(WriteError::stdout)?;
+        }
+        writeln!(out).and_then(|()| out.flush()).map_err(WriteError::stdout)
+    }
 }
 
 pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
@@ -240,7 +284,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
         .map(|w| w.dtype.to_string())
         .collect();
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "model": loaded.dir.display().to_string(),
@@ -255,35 +299,39 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
                 "cache_key": key.to_string(),
                 "cache_state": state,
             })
-        );
+        )?;
         return Ok(());
     }
-    println!("model        {}", loaded.dir.display());
-    println!(
+    outln!("model        {}", loaded.dir.display())?;
+    outln!(
         "architecture {} ({}, {})",
         loaded.architecture,
         spec.arch.name(),
         loaded.format.name()
-    );
-    println!("layers       {}", spec.num_layers());
-    println!(
+    )?;
+    outln!("layers       {}", spec.num_layers())?;
+    outln!(
         "hidden       {} (intermediate {})",
-        spec.hidden_size, spec.intermediate_size
-    );
-    println!(
+        spec.hidden_size,
+        spec.intermediate_size
+    )?;
+    outln!(
         "attention    {} heads, {} kv heads, head_dim {}",
-        spec.num_heads, spec.num_kv_heads, spec.head_dim
-    );
-    println!("vocabulary   {}", spec.vocab_size);
-    println!(
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim
+    )?;
+    outln!("vocabulary   {}", spec.vocab_size)?;
+    outln!(
         "context      {} positions, rope theta {}",
-        spec.max_position_embeddings, spec.rope.theta
-    );
-    println!(
+        spec.max_position_embeddings,
+        spec.rope.theta
+    )?;
+    outln!(
         "embeddings   {}",
         if spec.tie_word_embeddings { "tied" } else { "untied" }
-    );
-    println!(
+    )?;
+    outln!(
         "weights      {} ({})",
         dtypes.into_iter().collect::<Vec<_>>().join(", "),
         human_bytes(
@@ -292,22 +340,23 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
                 .map(|w| w.bytes() as u64)
                 .sum()
         )
-    );
-    println!(
+    )?;
+    outln!(
         "parameters   {} ({:.1} M)",
         spec.param_count(),
         spec.param_count() as f64 / 1e6
-    );
-    println!(
+    )?;
+    outln!(
         "read/token   {} of weights per decoded token",
         human_bytes(spec.weight_bytes_per_token())
-    );
-    println!(
+    )?;
+    outln!(
         "kernels      {kernels} distinct (prefill block {} rows, {} f32 lanes)",
-        options.prefill_rows, options.f32_lanes
-    );
-    println!("cache key    {key}");
-    println!("cache        {state}");
+        options.prefill_rows,
+        options.f32_lanes
+    )?;
+    outln!("cache key    {key}")?;
+    outln!("cache        {state}")?;
     Ok(())
 }
 
@@ -328,14 +377,14 @@ pub fn cache_list(as_json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        outln!("{}", serde_json::Value::Array(items))?;
         return Ok(());
     }
     if entries.is_empty() {
-        println!("cache {} is empty", cache.root().display());
+        outln!("cache {} is empty", cache.root().display())?;
         return Ok(());
     }
-    println!("cache {}", cache.root().display());
+    outln!("cache {}", cache.root().display())?;
     for e in &entries {
         let model = e
             .info()
@@ -344,7 +393,7 @@ pub fn cache_list(as_json: bool) -> Result<()> {
             .unwrap_or("?")
             .to_string();
         let status = e.problem.clone().unwrap_or_else(|| "ok".into());
-        println!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk));
+        outln!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk))?;
     }
     Ok(())
 }
@@ -352,22 +401,22 @@ pub fn cache_list(as_json: bool) -> Result<()> {
 pub fn cache_clean(key: Option<&str>) -> Result<()> {
     let root = Cache::default_root()?;
     if !root.exists() {
-        println!("cache {} is empty", root.display());
+        outln!("cache {} is empty", root.display())?;
         return Ok(());
     }
     let cache = Cache::open(root).context("opening the cache")?;
     match key {
         Some(k) => {
             let removed = cache.remove(k)?;
-            println!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk));
+            outln!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk))?;
         }
         None => {
             let report = cache.clean_all()?;
-            println!(
+            outln!(
                 "removed {} entries, freed {}",
                 report.entries_removed.len(),
                 human_bytes(report.bytes_freed)
-            );
+            )?;
         }
     }
     Ok(())
@@ -442,35 +491,44 @@ pub fn probe(passes: usize, as_json: bool) -> Result<()> {
     let cache = open_cache(None)?;
     let (lib, buffer_bytes, lanes) = probe_library(&host, &cache, !as_json)?;
     if !as_json {
-        eprintln!(
+        errln!(
             "probing with a {} buffer, best of {passes} passes per thread count",
             human_bytes(buffer_bytes as u64)
-        );
+        )?;
     }
+    // The first failed write to stderr; the probe runs on and the error is returned after it.
+    let mut progress_error = None;
     let result = run_probe(&lib.path, buffer_bytes, lanes, passes, &mut |line| {
-        if !as_json {
-            eprintln!("  {line}");
+        if !as_json && progress_error.is_none() {
+            progress_error = errln!("  {line}").err();
         }
     })?;
+    if let Some(e) = progress_error {
+        return Err(e.into());
+    }
     let path = probe_path(cache.root(), &host);
     write_atomically(&path, serde_json::to_string_pretty(&result)?.as_bytes())?;
     if as_json {
-        println!("{}", serde_json::to_string(&result)?);
+        outln!("{}", serde_json::to_string(&result)?)?;
     } else {
-        println!(
+        outln!(
             "{} ({} f32 lanes), load average {:.2}",
             host.model_name,
             result.f32_lanes,
             result.load_average.unwrap_or(f64::NAN)
-        );
-        println!("threads  read GB/s (best / median)  FMA GFLOP/s (best / median)");
+        )?;
+        outln!("threads  read GB/s (best / median)  FMA GFLOP/s (best / median)")?;
         for (r, f) in result.read_gb_s.iter().zip(&result.fma_gflop_s) {
-            println!(
+            outln!(
                 "{:>7}  {:>8.1} / {:<8.1}           {:>8.1} / {:<8.1}",
-                r.threads, r.best, r.median, f.best, f.median
-            );
+                r.threads,
+                r.best,
+                r.median,
+                f.best,
+                f.median
+            )?;
         }
-        println!("saved to {}", path.display());
+        outln!("saved to {}", path.display())?;
     }
     Ok(())
 }
@@ -534,7 +592,7 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
             }
         })
         .collect();
-    println!(
+    outln!(
         "{}",
         json!({
             "model": session.dir.display().to_string(),
@@ -544,6 +602,6 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
             "residuals": residuals,
             "logits": session.engine.logits(),
         })
-    );
+    )?;
     Ok(())
 }

@@ -4,4 +4,5 @@
 pub mod bench;
 pub mod chat;
 pub mod commands;
+pub mod output;
 pub mod session;

@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
-use kiln::commands;
+use kiln::{commands, output};
 use kiln_runtime::sampler::SamplingParams;
 use kiln_spec::DType;
 use std::path::PathBuf;
@@ -305,12 +305,45 @@ impl SamplingArgs {
 
 fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_exit(&e),
+    };
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", kiln::session::one_line(&e));
-            ExitCode::FAILURE
+        Err(e) => fail(&e),
+    }
+}
+
+/// Exit status of a process whose reader closed the pipe: what a shell reports for a death by
+/// SIGPIPE, the usual end of a command-line tool in `kiln ... | head`.
+const BROKEN_PIPE_EXIT: u8 = 128 + 13;
+
+/// Reports `e` as one line on stderr and gives the exit status. A failed write to stdout or
+/// stderr says so where it still can: nothing for a closed pipe (the reader went away) or for a
+/// broken stderr, one line on stderr for a broken stdout.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    match output::write_error(e) {
+        Some(w) if w.is_broken_pipe() => return ExitCode::from(BROKEN_PIPE_EXIT),
+        Some(w) if w.stream == output::Stream::Stderr => return ExitCode::FAILURE,
+        _ => {}
+    }
+    // Exit non-zero whether or not the message could be written: there is nowhere else to say it.
+    let _ = output::write_stderr(format_args!("error: {}\n", kiln::session::one_line(e)));
+    ExitCode::FAILURE
+}
+
+/// Prints clap's help, version or usage error, checking the write like every other output.
+fn usage_exit(e: &clap::Error) -> ExitCode {
+    match e.print() {
+        Ok(()) => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+        Err(io) => {
+            let w = if e.use_stderr() {
+                output::WriteError::stderr(io)
+            } else {
+                output::WriteError::stdout(io)
+            };
+            fail(&w.into())
         }
     }
 }

@@ -4,6 +4,7 @@
 //! The cache key is computed from plain data (spec, options, versions, the host CPU as the
 //! kernel reports it), so a hit never touches MLIR or LLVM.
 
+use crate::output::errln;
 use anyhow::{Context as _, Result, anyhow};
 use kiln_cache::{BuildOutput, Cache, Key, Status};
 use kiln_runtime::engine::{Engine, EngineConfig, EngineError, WeightSource};
@@ -237,7 +238,7 @@ pub fn ensure_library(
         Ok(BuildOutput::new(LIBRARY_NAME, info))
     })?;
     if let Status::Rebuilt { reason } = &outcome.status {
-        eprintln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it");
+        errln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it")?;
     }
     if matches!(outcome.status, Status::Hit) && (opts.emit_mlir.is_some() || opts.emit_asm.is_some()) {
         // The dumps were asked for but the library came from the cache: compile again into a
@@ -355,10 +356,10 @@ impl PreparedModel {
                 e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),
             )) => {
                 // The entry passed its hash check but cannot be used: drop it and rebuild once.
-                eprintln!(
+                errln!(
                     "warning: cached library {} is unusable ({e}); rebuilding",
                     library.path.display()
-                );
+                )?;
                 cache.remove(&library.key.to_string())?;
                 library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
                 Engine::new(&spec, &options, &library.path, weights, &engine_config)?

@@ -7,6 +7,9 @@
 //! The fixture models ship no chat template, so each test writes a copy of the fixture with a
 //! real template from `runtime/tests/data/chat_templates/` into a temp folder.
 
+// Test diagnostics go to the harness's stderr; clippy.toml bans the print macros for the CLI.
+#![allow(clippy::disallowed_macros)]
+
 use kiln_runtime::chat_template::{ChatTemplate, Message, RenderOptions};
 use kiln_runtime::generate::{GenerateOptions, generate};
 use kiln_runtime::hub::HubOptions;
