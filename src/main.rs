@@ -202,9 +202,14 @@ struct CleanArgs {
 /// Options that shape the compiled library or the engine.
 #[derive(Args, Clone)]
 struct BuildArgs {
-    /// Compute threads (default: one per physical core).
-    #[arg(long)]
+    /// Compute threads (default: one per physical core; at most the CPUs this process may run
+    /// on unless --threads-oversubscribe).
+    #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Use --threads N even when it exceeds the CPUs this process may run on (threads then
+    /// take turns on the CPUs).
+    #[arg(long, requires = "threads")]
+    threads_oversubscribe: bool,
     /// Rows per prefill block (compiled into the prefill kernels).
     #[arg(long, value_name = "ROWS")]
     prefill_block: Option<usize>,
@@ -219,13 +224,15 @@ struct BuildArgs {
 }
 
 impl BuildArgs {
-    fn choices(self) -> kiln::session::BuildChoices {
+    /// The checked choices (see [`kiln::session::BuildChoices::checked`]).
+    fn choices(self) -> Result<kiln::session::BuildChoices> {
         kiln::session::BuildChoices {
             threads: self.threads,
             prefill_block: self.prefill_block,
             dequantize: self.dequantize,
             target_cpu: self.target_cpu,
         }
+        .checked(self.threads_oversubscribe)
     }
 }
 
@@ -237,6 +244,12 @@ fn restore_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// `--ctx`, which must be at least 1 (`--ctx 0` used to become a context of 1).
+fn positive_ctx(ctx: Option<usize>) -> Result<Option<usize>> {
+    kiln::session::at_least_one("--ctx", ctx)?;
+    Ok(ctx)
 }
 
 /// The model named on the command line, or the installed demo model.
@@ -360,7 +373,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             model,
             emit_mlir,
             emit_asm,
-            build: build.choices(),
+            build: build.choices()?,
             json,
         }),
         Command::Run {
@@ -378,6 +391,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
             quiet,
         } => commands::run(&commands::RunArgs {
+            ctx: positive_ctx(ctx)?,
             model: model_or_demo(model)?,
             prompt,
             chat,
@@ -386,8 +400,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            build: build.choices(),
-            ctx,
+            build: build.choices()?,
             show_special,
             ignore_eos,
             json,
@@ -406,20 +419,20 @@ fn dispatch(cli: Cli) -> Result<()> {
             quiet,
             debug_decode_delay_ms,
         } => kiln::chat::chat(&kiln::chat::ChatArgs {
+            ctx: positive_ctx(ctx)?,
             model: model_or_demo(model)?,
             system,
             think,
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            build: build.choices(),
-            ctx,
+            build: build.choices()?,
             json,
             stats,
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
         }),
-        Command::Info { model, build, json } => commands::info(&model, &build.choices(), json),
+        Command::Info { model, build, json } => commands::info(&model, &build.choices()?, json),
         Command::Probe { passes, json } => commands::probe(passes, json),
         Command::Debug {
             model,
@@ -434,7 +447,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             ids,
             chat,
             all_tokens,
-            build: build.choices(),
+            build: build.choices()?,
         }),
         Command::Bench {
             model,
@@ -450,7 +463,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             prompt_tokens,
             gen_tokens,
             reps,
-            build: build.choices(),
+            build: build.choices()?,
             json,
             print_prompt,
             no_probe,

@@ -171,7 +171,6 @@ fn a_closed_pipe_ends_quietly() {
 }
 
 /// `kiln run --json` on the llama fixture with `extra` arguments.
-#[allow(dead_code)]
 fn run_json(extra: &[&str]) -> Value {
     let llama = fixture("llama");
     let o = kiln(&[
@@ -188,4 +187,72 @@ fn run_json(extra: &[&str]) -> Value {
     .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn zero_threads_blocks_or_context_are_errors() {
+    let llama = fixture("llama");
+    let run = ["run", llama.to_str().unwrap(), "--prompt", "Hello", "--max-tokens", "4"];
+    for (option, value) in [("--threads", "0"), ("--prefill-block", "0"), ("--ctx", "0")] {
+        let o = kiln(&run).args([option, value]).output().unwrap();
+        assert_one_line_error(&o, &[option, "at least 1"]);
+    }
+    let model = chat_model();
+    let o = kiln(&["chat", model.path().to_str().unwrap(), "--ctx", "0"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["--ctx", "at least 1"]);
+    let o = kiln(&["bench", llama.to_str().unwrap(), "--threads", "0"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["--threads", "at least 1"]);
+}
+
+#[test]
+fn more_threads_than_cpus_are_capped_unless_asked_for() {
+    let cpus = kiln_runtime::pool::available_cpus();
+    let reference = run_json(&["--threads", "1", "--max-tokens", "6"]);
+
+    let llama = fixture("llama");
+    let o = kiln(&[
+        "run",
+        llama.to_str().unwrap(),
+        "--prompt",
+        "Hello",
+        "--temperature",
+        "0",
+        "--json",
+    ])
+    .args(["--max-tokens", "6", "--threads", "1000"])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("warning: --threads 1000") && err.contains("--threads-oversubscribe"),
+        "{err}"
+    );
+    let capped: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(capped["threads"], cpus, "capped at the CPUs");
+    assert_eq!(capped["token_ids"], reference["token_ids"]);
+
+    // Asked for: twice the CPUs, no warning, the same tokens.
+    let twice = (2 * cpus).to_string();
+    let o = kiln(&[
+        "run",
+        llama.to_str().unwrap(),
+        "--prompt",
+        "Hello",
+        "--temperature",
+        "0",
+        "--json",
+    ])
+    .args(["--max-tokens", "6", "--threads", &twice, "--threads-oversubscribe"])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    let over: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(over["threads"], 2 * cpus);
+    assert_eq!(over["token_ids"], reference["token_ids"]);
 }
