@@ -13,6 +13,7 @@
 //! one JSON object on stdout (a transcript for scripts and tests); otherwise replies stream to
 //! stdout and notes go to stderr.
 
+use crate::interrupt::{self, OnInterrupt};
 use crate::output::{WriteError, errln, outln};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Context as _, Result, anyhow};
@@ -24,8 +25,7 @@ use kiln_runtime::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// What printing a line to the user gives: only a failed write is an error.
@@ -244,8 +244,14 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     )?;
     let session = prepared.into_session(&opts)?;
     let interactive = std::io::stdin().is_terminal();
-    let interrupt = Interrupt::install(!interactive)?;
-    let mut chat = Chat::new(session, template, args, interrupt);
+    // At the prompt a terminal's Ctrl-C is a key for the line editor; a piped session ends.
+    let idle = if interactive {
+        OnInterrupt::Ignore
+    } else {
+        OnInterrupt::Exit
+    };
+    interrupt::set(idle);
+    let mut chat = Chat::new(session, template, args, idle);
     let mut input = Input::new(interactive)?;
     chat.ready(&args.model)?;
     loop {
@@ -262,42 +268,6 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     }
     chat.event(json!({"event": "exit"}))?;
     Ok(())
-}
-
-/// Ctrl-C: while a reply is generated it sets the cancel flag; at the prompt of a
-/// non-interactive session it exits (a terminal session reads Ctrl-C as a key instead).
-#[derive(Clone)]
-struct Interrupt {
-    cancel: Arc<AtomicBool>,
-    generating: Arc<AtomicBool>,
-}
-
-impl Interrupt {
-    fn install(exit_when_idle: bool) -> Result<Interrupt> {
-        let me = Interrupt {
-            cancel: Arc::new(AtomicBool::new(false)),
-            generating: Arc::new(AtomicBool::new(false)),
-        };
-        let handler = me.clone();
-        ctrlc::set_handler(move || {
-            if handler.generating.load(Ordering::SeqCst) {
-                handler.cancel.store(true, Ordering::SeqCst);
-            } else if exit_when_idle {
-                std::process::exit(130);
-            }
-        })
-        .context("installing the Ctrl-C handler")?;
-        Ok(me)
-    }
-
-    fn begin(&self) {
-        self.cancel.store(false, Ordering::SeqCst);
-        self.generating.store(true, Ordering::SeqCst);
-    }
-
-    fn end(&self) {
-        self.generating.store(false, Ordering::SeqCst);
-    }
 }
 
 enum Read {
@@ -366,10 +336,12 @@ commands:
   /exit, /quit   leave (so does Ctrl-D)
 Ctrl-C stops the reply being written. Start a message with // to send a line beginning with /.";
 
-/// The engine, slowed down for tests (see [`ChatArgs::decode_delay_ms`]).
-struct Paced<'a> {
-    engine: &'a mut Engine,
-    delay: Duration,
+/// The engine, slowed down for tests that interrupt generation (`--debug-decode-delay-ms` of
+/// `kiln chat` and `kiln run`).
+pub(crate) struct Paced<'a> {
+    pub engine: &'a mut Engine,
+    /// Slept before each decode step.
+    pub delay: Duration,
 }
 
 impl Model for Paced<'_> {
@@ -438,11 +410,12 @@ struct Chat {
     quiet: bool,
     styled: bool,
     delay: Duration,
-    interrupt: Interrupt,
+    /// What Ctrl-C does between replies.
+    idle: OnInterrupt,
 }
 
 impl Chat {
-    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, interrupt: Interrupt) -> Chat {
+    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, idle: OnInterrupt) -> Chat {
         let render = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: thinking_option(&session.tokenizer, args.think),
@@ -456,7 +429,7 @@ impl Chat {
             eos_token_ids: chat_stop_ids(&session.tokenizer, session.eos_token_ids()),
             show_special: false,
             stop: args.stop.clone(),
-            cancel: Some(interrupt.cancel.clone()),
+            cancel: Some(interrupt::cancel_flag()),
         };
         Chat {
             sampler: Sampler::new(args.sampling),
@@ -475,7 +448,7 @@ impl Chat {
             quiet: args.quiet,
             styled: !args.json && stdout_styled(),
             delay: Duration::from_millis(args.decode_delay_ms),
-            interrupt,
+            idle,
         }
     }
 
@@ -638,11 +611,11 @@ impl Chat {
         self.cached.truncate(keep);
         self.turns += 1;
         // From here a Ctrl-C stops the reply (and no longer ends a piped session).
-        self.interrupt.begin();
+        interrupt::set(OnInterrupt::Cancel);
         let started = self
             .event(json!({"event": "start", "turn": self.turns, "prompt_tokens": ids.len(), "reused_tokens": keep}));
         let result = started.and_then(|()| self.reply(&tokenizer, &ids, keep, &rendered));
-        self.interrupt.end();
+        interrupt::set(self.idle);
         match result? {
             Ok(generation) => {
                 let mut cached = ids;
@@ -674,7 +647,7 @@ impl Chat {
     ) -> Result<Result<Generation, generate::GenerateError>, WriteError> {
         let mut printer = ReplyPrinter::new(self.think, generate::prompt_opens_thinking(rendered), self.styled);
         let json = self.json;
-        let cancel = self.interrupt.cancel.clone();
+        let cancel = interrupt::cancel_flag();
         let mut failed = None;
         let mut on_text = |piece: &str| {
             if !json && failed.is_none() {

@@ -2,6 +2,7 @@
 //! here; engine logic does not.
 
 use crate::chat;
+use crate::interrupt::{self, OnInterrupt};
 use crate::output::{WriteError, errln, outln};
 use crate::session::{
     self, BuildChoices, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache,
@@ -16,9 +17,10 @@ use kiln_spec::HostCpu;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub struct CompileArgs {
     /// Threads, prefill block, dequantisation and target CPU.
@@ -99,9 +101,13 @@ pub struct RunArgs {
     pub json: bool,
     /// No progress bars or statistics on stderr.
     pub quiet: bool,
+    /// Test hook: sleep this long before each decode step (to interrupt generation reliably).
+    pub decode_delay_ms: u64,
 }
 
-pub fn run(args: &RunArgs) -> Result<()> {
+/// `kiln run`. Ctrl-C during generation stops it and the text or JSON so far is printed; the
+/// exit status is then [`interrupt::EXIT_STATUS`].
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
     args.sampling.validate()?;
     let opts = OpenOptions {
         ctx: args.ctx,
@@ -138,7 +144,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     let mut session = prepared.into_session(&opts)?;
-    let cancel = Arc::new(AtomicBool::new(false));
+    // From here the first Ctrl-C stops generation and the second ends the process.
+    interrupt::set(OnInterrupt::CancelThenExit);
+    let cancel = interrupt::cancel_flag();
     let eos_token_ids = if args.ignore_eos {
         Vec::new()
     } else if args.chat {
@@ -156,7 +164,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let mut sink = TextSink::new(args, starts_thinking, cancel.clone());
     let tokenizer = session.tokenizer.clone();
-    let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut |piece| {
+    let mut model = chat::Paced {
+        engine: &mut session.engine,
+        delay: Duration::from_millis(args.decode_delay_ms),
+    };
+    let generation = generate(&mut model, &tokenizer, &prompt_ids, &options, &mut |piece| {
         sink.push(piece)
     })?;
     sink.finish()?;
@@ -182,7 +194,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
             },
         )?;
     }
-    Ok(())
+    // Cancelled by Ctrl-C: a failed write, the other way to cancel, returned above.
+    Ok(if generation.stop == StopReason::Cancelled {
+        ExitCode::from(interrupt::EXIT_STATUS)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `kiln run --json`'s object.

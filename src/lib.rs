@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod chat;
 pub mod commands;
+pub mod interrupt;
 pub mod output;
 pub mod session;

@@ -77,6 +77,9 @@ enum Command {
         /// No progress bars and no statistics on stderr: only the generated text on stdout.
         #[arg(long, short)]
         quiet: bool,
+        /// Sleep this long before each decode step (for tests that interrupt generation).
+        #[arg(long, hide = true, default_value_t = 0)]
+        debug_decode_delay_ms: u64,
     },
     /// Chat with a model: a multi-turn session whose KV cache is kept across turns.
     Chat {
@@ -322,8 +325,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_exit(&e),
     };
-    match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    match kiln::interrupt::install().and_then(|()| dispatch(cli)) {
+        Ok(code) => code,
         Err(e) => fail(&e),
     }
 }
@@ -361,21 +364,10 @@ fn usage_exit(e: &clap::Error) -> ExitCode {
     }
 }
 
-fn dispatch(cli: Cli) -> Result<()> {
+/// Runs the command and gives its exit status (`kiln run` stopped by Ctrl-C has its own).
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let done = |result: Result<()>| result.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Compile {
-            model,
-            emit_mlir,
-            emit_asm,
-            build,
-            json,
-        } => commands::compile(&commands::CompileArgs {
-            model,
-            emit_mlir,
-            emit_asm,
-            build: build.choices()?,
-            json,
-        }),
         Command::Run {
             model,
             prompt,
@@ -390,6 +382,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             ignore_eos,
             json,
             quiet,
+            debug_decode_delay_ms,
         } => commands::run(&commands::RunArgs {
             ctx: positive_ctx(ctx)?,
             model: model_or_demo(model)?,
@@ -405,7 +398,21 @@ fn dispatch(cli: Cli) -> Result<()> {
             ignore_eos,
             json,
             quiet,
+            decode_delay_ms: debug_decode_delay_ms,
         }),
+        Command::Compile {
+            model,
+            emit_mlir,
+            emit_asm,
+            build,
+            json,
+        } => done(commands::compile(&commands::CompileArgs {
+            model,
+            emit_mlir,
+            emit_asm,
+            build: build.choices()?,
+            json,
+        })),
         Command::Chat {
             model,
             system,
@@ -418,7 +425,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             stats,
             quiet,
             debug_decode_delay_ms,
-        } => kiln::chat::chat(&kiln::chat::ChatArgs {
+        } => done(kiln::chat::chat(&kiln::chat::ChatArgs {
             ctx: positive_ctx(ctx)?,
             model: model_or_demo(model)?,
             system,
@@ -431,9 +438,9 @@ fn dispatch(cli: Cli) -> Result<()> {
             stats,
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
-        }),
-        Command::Info { model, build, json } => commands::info(&model, &build.choices()?, json),
-        Command::Probe { passes, json } => commands::probe(passes, json),
+        })),
+        Command::Info { model, build, json } => done(commands::info(&model, &build.choices()?, json)),
+        Command::Probe { passes, json } => done(commands::probe(passes, json)),
         Command::Debug {
             model,
             prompt,
@@ -441,14 +448,14 @@ fn dispatch(cli: Cli) -> Result<()> {
             chat,
             all_tokens,
             build,
-        } => commands::debug_layers(&commands::DebugArgs {
+        } => done(commands::debug_layers(&commands::DebugArgs {
             model,
             prompt,
             ids,
             chat,
             all_tokens,
             build: build.choices()?,
-        }),
+        })),
         Command::Bench {
             model,
             prompt_tokens,
@@ -458,7 +465,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
             print_prompt,
             no_probe,
-        } => kiln::bench::bench(&kiln::bench::BenchArgs {
+        } => done(kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
             gen_tokens,
@@ -467,17 +474,17 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
             print_prompt,
             no_probe,
-        }),
+        })),
         Command::Cache {
             action: CacheAction::List { json },
-        } => commands::cache_list(json),
+        } => done(commands::cache_list(json)),
         Command::Cache {
             action: CacheAction::Clean(c),
         }
         | Command::CleanCache(c) => match (c.key, c.all) {
             (Some(_), true) => bail!("give either a KEY or --all, not both"),
             (None, false) => bail!("give the KEY of the entry to remove (see `kiln cache list`) or --all"),
-            (key, _) => commands::cache_clean(key.as_deref()),
+            (key, _) => done(commands::cache_clean(key.as_deref())),
         },
     }
 }

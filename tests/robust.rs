@@ -6,10 +6,12 @@
 
 use serde_json::Value;
 use std::fs::File;
+use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -255,4 +257,135 @@ fn more_threads_than_cpus_are_capped_unless_asked_for() {
     let over: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(over["threads"], 2 * cpus);
     assert_eq!(over["token_ids"], reference["token_ids"]);
+}
+
+/// `command` with SIGINT at its default disposition in the child: a background job of a
+/// non-interactive shell starts with SIGINT ignored, and a test of Ctrl-C must not inherit that.
+fn default_sigint(command: &mut Command) -> &mut Command {
+    // SAFETY: between fork and exec the child only calls the async-signal-safe `signal`.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    command
+}
+
+fn sigint(child: &Child) {
+    // SAFETY: `kill` with the pid of our own child, which has not been waited for yet.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(rc, 0, "kill -INT");
+}
+
+/// A greedy `kiln run` of the llama fixture that would generate to the end of its 512-token
+/// context, sleeping `delay_ms` before each token: long enough to be interrupted.
+fn endless_run(delay_ms: u64, json: bool) -> Child {
+    run_json(&["--max-tokens", "1"]); // compiled before, so the timings below are generation's
+    let llama = fixture("llama");
+    let delay = delay_ms.to_string();
+    let mut command = kiln(&[
+        "run",
+        llama.to_str().unwrap(),
+        "--prompt",
+        "Hello",
+        "--temperature",
+        "0",
+    ]);
+    command.args([
+        "--ignore-eos",
+        "--max-tokens",
+        "100000",
+        "--debug-decode-delay-ms",
+        &delay,
+    ]);
+    if json {
+        command.arg("--json");
+    }
+    default_sigint(&mut command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn ctrl_c_stops_run_and_prints_the_json_so_far() {
+    let child = endless_run(50, true);
+    // Generation has started well before this (a cached library starts in a fraction of a
+    // second) and takes 25 s to reach the end of the context.
+    std::thread::sleep(Duration::from_secs(3));
+    sigint(&child);
+    let t0 = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "stopped promptly");
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(report["stop_reason"], "cancelled");
+    let generated = report["token_ids"].as_array().unwrap().len();
+    assert!(generated > 0 && generated < 400, "{generated} tokens");
+}
+
+#[test]
+fn ctrl_c_stops_run_and_prints_the_statistics() {
+    let mut child = endless_run(20, false);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout
+        .read_exact(&mut first)
+        .expect("text streams before the interrupt");
+    sigint(&child);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert_eq!(rest.last(), Some(&b'\n'), "the text ends with its line");
+    let err = stderr(&o);
+    assert!(err.contains("generated") && err.contains("stopped by Ctrl-C"), "{err}");
+}
+
+#[test]
+fn a_second_ctrl_c_ends_run_at_once() {
+    // Each decode step sleeps 4 s first, so the first Ctrl-C takes effect only after it.
+    let child = endless_run(4000, true);
+    std::thread::sleep(Duration::from_secs(2));
+    sigint(&child);
+    std::thread::sleep(Duration::from_millis(300));
+    sigint(&child);
+    let t0 = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_millis(1500), "ended at once");
+    assert_eq!(o.status.code(), Some(130));
+    assert!(o.stdout.is_empty(), "nothing printed");
+}
+
+#[test]
+fn ctrl_c_during_a_compile_leaves_no_staging_folder() {
+    let cache = tempfile::tempdir().unwrap();
+    let staging = || {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().starts_with(".staging-"))
+    };
+    let mistral = fixture("mistral");
+    let mut command = kiln(&["compile", mistral.to_str().unwrap()]);
+    let mut child = default_sigint(command.env("KILN_CACHE_DIR", cache.path()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !staging() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the compile ended before it was seen"
+        );
+        assert!(Instant::now() < deadline, "no staging folder appeared");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sigint(&child);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(!staging(), "the staging folder was removed");
 }

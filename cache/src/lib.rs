@@ -13,7 +13,8 @@
 //! - concurrent builds of one key, from threads or processes, run the builder once: the others
 //!   wait on `<root>/<key>.lock` and then find a hit;
 //! - a failing or panicking builder leaves nothing behind; leftovers of crashed processes are
-//!   ignored, and removed by [`Cache::clean_all`] or after an hour by [`Cache::get_or_build`].
+//!   ignored, and removed by [`Cache::clean_all`] or after an hour by [`Cache::get_or_build`];
+//!   a process ended by a signal can delete its own first ([`remove_active_staging`]).
 //!
 //! ```no_run
 //! use kiln_cache::{BuildOutput, Cache, Key};
@@ -32,11 +33,13 @@
 //! # }
 //! ```
 
+mod active;
 mod cache;
 mod error;
 mod fsutil;
 mod key;
 
+pub use active::remove_active_staging;
 pub use cache::{BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
