@@ -15,7 +15,7 @@ use kiln_runtime::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_pr
 use kiln_runtime::sampler::SamplingParams;
 use kiln_spec::HostCpu;
 use serde_json::json;
-use std::io::Write;
+use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -199,6 +199,27 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ExitCode::from(interrupt::EXIT_STATUS)
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// The prompt in `path` (`-`: standard input), as UTF-8 text exactly as it is (`--prompt-file`).
+pub fn read_prompt_file(path: &Path) -> Result<String> {
+    let (name, bytes) = if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .context("cannot read the prompt from standard input")?;
+        ("from standard input".to_string(), bytes)
+    } else {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+        (format!("file {}", path.display()), bytes)
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt {name} is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
     })
 }
 

@@ -1,6 +1,6 @@
 //! The `kiln` command line: parses arguments and calls the library. No engine logic lives here.
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use kiln::{commands, output};
 use kiln_runtime::sampler::SamplingParams;
@@ -43,8 +43,12 @@ enum Command {
         /// org/name@revision). Default: the demo model (scripts/fetch-demo-model.sh).
         model: Option<PathBuf>,
         /// The prompt: raw text, or with --chat the user's message.
-        #[arg(long, short)]
-        prompt: String,
+        #[arg(long, short, required_unless_present = "prompt_file")]
+        prompt: Option<String>,
+        /// Read the prompt from FILE instead, exactly as it is (`-`: standard input); for
+        /// prompts too long for the command line.
+        #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+        prompt_file: Option<PathBuf>,
         /// Send the prompt as one user turn through the model's chat template.
         #[arg(long)]
         chat: bool,
@@ -371,6 +375,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Run {
             model,
             prompt,
+            prompt_file,
             chat,
             system,
             think,
@@ -385,8 +390,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             debug_decode_delay_ms,
         } => commands::run(&commands::RunArgs {
             ctx: positive_ctx(ctx)?,
+            prompt: match (prompt, prompt_file) {
+                (Some(text), _) => text,
+                (None, file) => commands::read_prompt_file(&file.context("give --prompt TEXT or --prompt-file FILE")?)?,
+            },
             model: model_or_demo(model)?,
-            prompt,
             chat,
             system,
             think,

@@ -389,3 +389,85 @@ fn ctrl_c_during_a_compile_leaves_no_staging_folder() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     assert!(!staging(), "the staging folder was removed");
 }
+
+#[test]
+fn prompt_file_reads_long_prompts_and_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = fixture("llama");
+    let model = llama.to_str().unwrap();
+    let reference = run_json(&["--max-tokens", "6"]);
+
+    // A file and standard input give exactly what --prompt gives.
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "Hello").unwrap();
+    let from_file = run_json_without_prompt(&["--prompt-file", file.to_str().unwrap(), "--max-tokens", "6"], b"");
+    assert_eq!(from_file["token_ids"], reference["token_ids"]);
+    assert_eq!(from_file["prompt_token_ids"], reference["prompt_token_ids"]);
+    let from_stdin = run_json_without_prompt(&["--prompt-file", "-", "--max-tokens", "6"], b"Hello");
+    assert_eq!(from_stdin["prompt_token_ids"], reference["prompt_token_ids"]);
+
+    // 1 MB: more than an argument list may hold; read, encoded, and only then too long for
+    // the fixture's 512-token context.
+    let big = dir.path().join("big.txt");
+    let text = "many words of text ".repeat(60_000); // 1.14 MB of ASCII
+    std::fs::write(&big, &text.as_bytes()[..1 << 20]).unwrap();
+    let o = kiln(&[
+        "run",
+        model,
+        "--prompt-file",
+        big.to_str().unwrap(),
+        "--max-tokens",
+        "4",
+    ])
+    .output()
+    .unwrap();
+    assert_one_line_error(&o, &["tokens but the context holds 512"]);
+}
+
+#[test]
+fn prompt_file_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = fixture("llama");
+    let model = llama.to_str().unwrap();
+    let missing = dir.path().join("missing.txt");
+    let o = kiln(&["run", model, "--prompt-file", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["cannot read the prompt file", "missing.txt", "No such file"]);
+
+    let o = kiln(&["run", model, "--prompt-file", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["cannot read the prompt file", "Is a directory"]);
+
+    let latin1 = dir.path().join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9 au lait").unwrap();
+    let o = kiln(&["run", model, "--prompt-file", latin1.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["latin1.txt", "is not UTF-8", "offset 3"]);
+
+    // Exclusive with --prompt (clap's usage error).
+    let o = kiln(&["run", model, "--prompt", "x", "--prompt-file", latin1.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+}
+
+/// `kiln run --json` on the llama fixture with `args` (which name the prompt) and `stdin`.
+fn run_json_without_prompt(args: &[&str], stdin: &[u8]) -> Value {
+    use std::io::Write as _;
+    let llama = fixture("llama");
+    let mut child = kiln(&["run", llama.to_str().unwrap(), "--temperature", "0", "--json"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
