@@ -2,6 +2,7 @@
 //! machine's probed ceilings; and the `KILN_PROFILE=1` per-kernel profile file.
 
 use crate::commands::{human_bytes, load_probe, probe_library};
+use crate::output::{errln, outln};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
 use kiln_core::HostCpu;
@@ -66,7 +67,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             .min(prepared.tokenizer.vocab_size().max(1)),
     );
     if args.print_prompt {
-        println!("{}", serde_json::to_string(&prompt)?);
+        outln!("{}", serde_json::to_string(&prompt)?)?;
         return Ok(());
     }
     let mut session = prepared.into_session(&opts)?;
@@ -129,7 +130,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
                 (Some(c), Some(s)) => format!(" ({s:.0} % of {c:.1} GB/s read right after)"),
                 _ => String::new(),
             };
-            eprintln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s{read}");
+            errln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s{read}")?;
         }
     }
     let in_run_ceiling = (!ceilings.is_empty()).then(|| median(&mut ceilings.clone()));
@@ -180,33 +181,33 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "load_average": [load_before, load_after],
     });
     if args.json {
-        println!("{report}");
+        outln!("{report}")?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{} on {} ({threads} threads, load {:.2})",
         session.dir.display(),
         host.model_name,
         load_before.unwrap_or(f64::NAN)
-    );
-    println!(
+    )?;
+    outln!(
         "prefill  {prefill_tok_s:>8.1} tok/s  ({} tokens, {prefill_gflop_s:.1} GFLOP/s{})",
         args.prompt_tokens,
         pct(fma_ceiling.map(|c| prefill_gflop_s / c), "FMA peak")
-    );
-    println!(
+    )?;
+    outln!(
         "decode   {decode_tok_s:>8.2} tok/s  ({} per token, {decode_gb_s:.1} GB/s{})",
         human_bytes(bytes_per_token),
         pct(stored_read.map(|c| decode_gb_s / c), "stored probe")
-    );
+    )?;
     if let (Some(c), Some(s)) = (in_run_ceiling, in_run_share) {
-        println!(
+        outln!(
             "         {s:.0} % of the read bandwidth measured between repetitions ({c:.1} GB/s, median; per repetition: {})",
             shares_list(&ceilings, &shares)
-        );
+        )?;
     }
     if probe.is_none() {
-        println!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)");
+        outln!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)")?;
     }
     Ok(())
 }
@@ -274,9 +275,9 @@ pub fn write_profile(session: &Session) -> Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("kiln-profile.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
-    eprintln!(
+    errln!(
         "profile written to {} (summarise with scripts/profile.py)",
         path.display()
-    );
+    )?;
     Ok(())
 }

@@ -13,6 +13,8 @@
 //! one JSON object on stdout (a transcript for scripts and tests); otherwise replies stream to
 //! stdout and notes go to stderr.
 
+use crate::interrupt::{self, OnInterrupt};
+use crate::output::{WriteError, errln, outln};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Context as _, Result, anyhow};
 use kiln_engine::engine::{Engine, EngineError};
@@ -23,9 +25,11 @@ use kiln_text::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+/// What printing a line to the user gives: only a failed write is an error.
+type Shown = Result<(), WriteError>;
 
 /// Special tokens that end an assistant turn in the common chat formats. Generation in chat
 /// mode stops at those the tokenizer has, besides the model's EOS ids: a small model's
@@ -131,8 +135,11 @@ impl ReplyPrinter {
         }
     }
 
-    pub fn push(&mut self, text: &str, out: &mut dyn Write) {
+    /// Prints the next piece of the reply; a failed write is returned (and the rest of the
+    /// piece dropped).
+    pub fn push(&mut self, text: &str, out: &mut dyn Write) -> std::io::Result<()> {
         let mut filter = std::mem::take(&mut self.filter);
+        let mut written = Ok(());
         if filter.is_thinking()
             && !self.show_thinking
             && self.styled
@@ -140,35 +147,45 @@ impl ReplyPrinter {
             && text.contains(|c: char| !c.is_whitespace())
         {
             // Started inside a block: the prompt opened it.
-            self.show_indicator(out);
+            written = self.show_indicator(out);
         }
-        filter.push(text, &mut |part| self.part(part, out));
+        filter.push(text, &mut |part| {
+            if written.is_ok() {
+                written = self.part(part, out);
+            }
+        });
         self.filter = filter;
-        let _ = out.flush();
+        written.and_then(|()| out.flush())
     }
 
     /// Ends the reply (held-back text is printed, styles are reset).
-    pub fn finish(&mut self, out: &mut dyn Write) {
+    pub fn finish(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         let mut filter = std::mem::take(&mut self.filter);
-        filter.finish(&mut |part| self.part(part, out));
+        let mut written = Ok(());
+        filter.finish(&mut |part| {
+            if written.is_ok() {
+                written = self.part(part, out);
+            }
+        });
+        written?;
         if self.indicator {
-            self.clear_indicator(out);
+            self.clear_indicator(out)?;
         }
-        let _ = out.flush();
+        out.flush()
     }
 
-    fn show_indicator(&mut self, out: &mut dyn Write) {
-        let _ = write!(out, "{STYLE_THINKING}thinking…{STYLE_RESET}");
+    fn show_indicator(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         self.indicator = true;
+        write!(out, "{STYLE_THINKING}thinking…{STYLE_RESET}")
     }
 
-    fn clear_indicator(&mut self, out: &mut dyn Write) {
-        let _ = write!(out, "\r\x1b[2K");
+    fn clear_indicator(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         self.indicator = false;
+        write!(out, "\r\x1b[2K")
     }
 
-    fn part(&mut self, part: Part<'_>, out: &mut dyn Write) {
-        let _ = match (part, self.show_thinking, self.styled) {
+    fn part(&mut self, part: Part<'_>, out: &mut dyn Write) -> std::io::Result<()> {
+        match (part, self.show_thinking, self.styled) {
             (Part::Answer(t), ..) => {
                 let t = if self.skip_space { t.trim_start() } else { t };
                 self.skip_space &= t.is_empty();
@@ -178,19 +195,17 @@ impl ReplyPrinter {
             (Part::Thinking(t), true, false) => out.write_all(t.as_bytes()),
             (Part::Open, true, false) => out.write_all(generate::think::OPEN.as_bytes()),
             (Part::Close, true, false) => out.write_all(generate::think::CLOSE.as_bytes()),
-            (Part::Open, false, true) => {
-                self.show_indicator(out);
-                Ok(())
-            }
+            (Part::Open, false, true) => self.show_indicator(out),
             (Part::Close, false, _) => {
-                if self.indicator {
-                    self.clear_indicator(out);
-                }
                 self.skip_space = true;
-                Ok(())
+                if self.indicator {
+                    self.clear_indicator(out)
+                } else {
+                    Ok(())
+                }
             }
             _ => Ok(()),
-        };
+        }
     }
 }
 
@@ -229,60 +244,30 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     )?;
     let session = prepared.into_session(&opts)?;
     let interactive = std::io::stdin().is_terminal();
-    let interrupt = Interrupt::install(!interactive)?;
-    let mut chat = Chat::new(session, template, args, interrupt);
+    // At the prompt a terminal's Ctrl-C is a key for the line editor; a piped session ends.
+    let idle = if interactive {
+        OnInterrupt::Ignore
+    } else {
+        OnInterrupt::Exit
+    };
+    interrupt::set(idle);
+    let mut chat = Chat::new(session, template, args, idle);
     let mut input = Input::new(interactive)?;
-    chat.ready(&args.model);
+    chat.ready(&args.model)?;
     loop {
         match input.read()? {
             Read::Line(line) => {
-                if chat.handle(&line) == Flow::Exit {
+                if chat.handle(&line)? == Flow::Exit {
                     break;
                 }
             }
-            Read::NotUtf8 => chat.error("the line is not UTF-8 text; it was skipped"),
-            Read::Interrupted => chat.note("(Ctrl-D or /exit quits)"),
+            Read::NotUtf8 => chat.error("the line is not UTF-8 text; it was skipped")?,
+            Read::Interrupted => chat.note("(Ctrl-D or /exit quits)")?,
             Read::Eof => break,
         }
     }
-    chat.event(json!({"event": "exit"}));
+    chat.event(json!({"event": "exit"}))?;
     Ok(())
-}
-
-/// Ctrl-C: while a reply is generated it sets the cancel flag; at the prompt of a
-/// non-interactive session it exits (a terminal session reads Ctrl-C as a key instead).
-#[derive(Clone)]
-struct Interrupt {
-    cancel: Arc<AtomicBool>,
-    generating: Arc<AtomicBool>,
-}
-
-impl Interrupt {
-    fn install(exit_when_idle: bool) -> Result<Interrupt> {
-        let me = Interrupt {
-            cancel: Arc::new(AtomicBool::new(false)),
-            generating: Arc::new(AtomicBool::new(false)),
-        };
-        let handler = me.clone();
-        ctrlc::set_handler(move || {
-            if handler.generating.load(Ordering::SeqCst) {
-                handler.cancel.store(true, Ordering::SeqCst);
-            } else if exit_when_idle {
-                std::process::exit(130);
-            }
-        })
-        .context("installing the Ctrl-C handler")?;
-        Ok(me)
-    }
-
-    fn begin(&self) {
-        self.cancel.store(false, Ordering::SeqCst);
-        self.generating.store(true, Ordering::SeqCst);
-    }
-
-    fn end(&self) {
-        self.generating.store(false, Ordering::SeqCst);
-    }
 }
 
 enum Read {
@@ -351,10 +336,12 @@ commands:
   /exit, /quit   leave (so does Ctrl-D)
 Ctrl-C stops the reply being written. Start a message with // to send a line beginning with /.";
 
-/// The engine, slowed down for tests (see [`ChatArgs::decode_delay_ms`]).
-struct Paced<'a> {
-    engine: &'a mut Engine,
-    delay: Duration,
+/// The engine, slowed down for tests that interrupt generation (`--debug-decode-delay-ms` of
+/// `kiln chat` and `kiln run`).
+pub(crate) struct Paced<'a> {
+    pub engine: &'a mut Engine,
+    /// Slept before each decode step.
+    pub delay: Duration,
 }
 
 impl Model for Paced<'_> {
@@ -423,11 +410,12 @@ struct Chat {
     quiet: bool,
     styled: bool,
     delay: Duration,
-    interrupt: Interrupt,
+    /// What Ctrl-C does between replies.
+    idle: OnInterrupt,
 }
 
 impl Chat {
-    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, interrupt: Interrupt) -> Chat {
+    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, idle: OnInterrupt) -> Chat {
         let render = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: thinking_option(&session.tokenizer, args.think),
@@ -441,7 +429,7 @@ impl Chat {
             eos_token_ids: chat_stop_ids(&session.tokenizer, session.eos_token_ids()),
             show_special: false,
             stop: args.stop.clone(),
-            cancel: Some(interrupt.cancel.clone()),
+            cancel: Some(interrupt::cancel_flag()),
         };
         Chat {
             sampler: Sampler::new(args.sampling),
@@ -460,37 +448,33 @@ impl Chat {
             quiet: args.quiet,
             styled: !args.json && stdout_styled(),
             delay: Duration::from_millis(args.decode_delay_ms),
-            interrupt,
+            idle,
         }
     }
 
     /// A JSON event on stdout (only with `--json`).
-    fn event(&self, value: Value) {
-        if self.json {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{value}");
-            let _ = out.flush();
-        }
+    fn event(&self, value: Value) -> Shown {
+        if self.json { outln!("{value}") } else { Ok(()) }
     }
 
     /// A note for the user: stderr, or a `note` event with `--json`.
-    fn note(&self, text: &str) {
+    fn note(&self, text: &str) -> Shown {
         if self.json {
-            self.event(json!({"event": "note", "message": text}));
+            self.event(json!({"event": "note", "message": text}))
         } else {
-            eprintln!("{text}");
+            errln!("{text}")
         }
     }
 
-    fn error(&self, text: &str) {
+    fn error(&self, text: &str) -> Shown {
         if self.json {
-            self.event(json!({"event": "error", "message": text}));
+            self.event(json!({"event": "error", "message": text}))
         } else {
-            eprintln!("error: {text}");
+            errln!("error: {text}")
         }
     }
 
-    fn ready(&self, model: &Path) {
+    fn ready(&self, model: &Path) -> Shown {
         let engine = &self.session.engine;
         self.event(json!({
             "event": "ready",
@@ -500,14 +484,15 @@ impl Chat {
             "enable_thinking": self.render.enable_thinking,
             "cache_hit": self.session.library.cache_hit(),
             "compile_s": self.session.library.compile_seconds,
-        }));
+        }))?;
         if !self.json && !self.quiet {
-            eprintln!(
+            errln!(
                 "kiln chat: {} ({} tokens of context). /help for commands, Ctrl-C stops a reply, Ctrl-D quits.",
                 model.display(),
                 engine.ctx()
-            );
+            )?;
         }
+        Ok(())
     }
 
     fn conversation(&self) -> Vec<Message> {
@@ -518,9 +503,10 @@ impl Chat {
             .collect()
     }
 
-    fn handle(&mut self, line: &str) -> Flow {
+    /// Acts on one line of input; only a failed write to stdout or stderr is an error.
+    fn handle(&mut self, line: &str) -> Result<Flow, WriteError> {
         if line.trim().is_empty() {
-            return Flow::Continue;
+            return Ok(Flow::Continue);
         }
         if let Some(command) = line.strip_prefix('/')
             && !command.starts_with('/')
@@ -529,42 +515,42 @@ impl Chat {
         }
         let text = if line.starts_with("//") { &line[1..] } else { line };
         self.pending = None;
-        self.turn(text);
-        Flow::Continue
+        self.turn(text)?;
+        Ok(Flow::Continue)
     }
 
-    fn command(&mut self, command: &str) -> Flow {
+    fn command(&mut self, command: &str) -> Result<Flow, WriteError> {
         let (name, rest) = command
             .split_once(char::is_whitespace)
             .map_or((command, ""), |(n, r)| (n, r.trim()));
         match name {
             "help" | "?" => {
                 if self.json {
-                    self.event(json!({"event": "help", "text": HELP}));
+                    self.event(json!({"event": "help", "text": HELP}))?;
                 } else {
-                    eprintln!("{HELP}");
+                    errln!("{HELP}")?;
                 }
             }
-            "exit" | "quit" => return Flow::Exit,
+            "exit" | "quit" => return Ok(Flow::Exit),
             "reset" => {
                 self.messages.clear();
                 self.cached.clear();
                 self.session.engine.reset();
-                self.event(json!({"event": "reset"}));
+                self.event(json!({"event": "reset"}))?;
                 if !self.json {
-                    eprintln!("[new conversation]");
+                    errln!("[new conversation]")?;
                 }
-                self.resend_pending();
+                self.resend_pending()?;
             }
             "system" if rest.is_empty() => match &self.system {
-                Some(s) => self.note(&format!("system prompt: {s}")),
-                None => self.note("no system prompt (the template's default applies, if it has one)"),
+                Some(s) => self.note(&format!("system prompt: {s}"))?,
+                None => self.note("no system prompt (the template's default applies, if it has one)")?,
             },
             "system" => {
                 self.system = Some(rest.to_string());
-                self.event(json!({"event": "system", "text": rest}));
+                self.event(json!({"event": "system", "text": rest}))?;
                 if !self.json {
-                    eprintln!("[system prompt set; it applies from the next reply]");
+                    errln!("[system prompt set; it applies from the next reply]")?;
                 }
             }
             "drop" => {
@@ -573,31 +559,32 @@ impl Chat {
                     Ok(n) if n > 0 => {
                         let dropped = drop_oldest(&mut self.messages, n);
                         let left = self.messages.iter().filter(|m| m.role == "user").count();
-                        self.event(json!({"event": "dropped", "exchanges": dropped, "left": left}));
+                        self.event(json!({"event": "dropped", "exchanges": dropped, "left": left}))?;
                         if !self.json {
-                            eprintln!("[forgot {dropped} exchange(s); {left} left]");
+                            errln!("[forgot {dropped} exchange(s); {left} left]")?;
                         }
-                        self.resend_pending();
+                        self.resend_pending()?;
                     }
-                    _ => self.error(&format!("/drop takes a positive number of exchanges, not {rest:?}")),
+                    _ => self.error(&format!("/drop takes a positive number of exchanges, not {rest:?}"))?,
                 }
             }
-            _ => self.error(&format!("unknown command /{name}; /help lists them")),
+            _ => self.error(&format!("unknown command /{name}; /help lists them"))?,
         }
-        Flow::Continue
+        Ok(Flow::Continue)
     }
 
-    fn resend_pending(&mut self) {
+    fn resend_pending(&mut self) -> Shown {
         if let Some(text) = self.pending.take() {
             if !self.json {
-                eprintln!("[resending your message]");
+                errln!("[resending your message]")?;
             }
-            self.turn(&text);
+            self.turn(&text)?;
         }
+        Ok(())
     }
 
     /// One exchange: the user's `text` and the model's reply.
-    fn turn(&mut self, text: &str) {
+    fn turn(&mut self, text: &str) -> Shown {
         self.messages.push(Message::user(text));
         let rendered = match self.template.render(&self.conversation(), &self.render) {
             Ok(r) => r,
@@ -624,44 +611,19 @@ impl Chat {
         self.cached.truncate(keep);
         self.turns += 1;
         // From here a Ctrl-C stops the reply (and no longer ends a piped session).
-        self.interrupt.begin();
-        self.event(json!({"event": "start", "turn": self.turns, "prompt_tokens": ids.len(), "reused_tokens": keep}));
-
-        let mut printer = ReplyPrinter::new(self.think, generate::prompt_opens_thinking(&rendered), self.styled);
-        let json = self.json;
-        let stdout = std::io::stdout();
-        let mut on_text = |piece: &str| {
-            if !json {
-                printer.push(piece, &mut stdout.lock());
-            }
-        };
-        let result = generate::generate_with(
-            &mut Paced {
-                engine: &mut self.session.engine,
-                delay: self.delay,
-            },
-            &tokenizer,
-            &mut self.sampler,
-            &ids[..keep],
-            &ids[keep..],
-            &self.options,
-            &mut on_text,
-        );
-        self.interrupt.end();
-        if !json {
-            let mut out = stdout.lock();
-            printer.finish(&mut out);
-            let _ = writeln!(out);
-            let _ = out.flush();
-        }
-        match result {
+        interrupt::set(OnInterrupt::Cancel);
+        let started = self
+            .event(json!({"event": "start", "turn": self.turns, "prompt_tokens": ids.len(), "reused_tokens": keep}));
+        let result = started.and_then(|()| self.reply(&tokenizer, &ids, keep, &rendered));
+        interrupt::set(self.idle);
+        match result? {
             Ok(generation) => {
                 let mut cached = ids;
                 cached.extend_from_slice(&generation.token_ids);
                 cached.truncate(self.session.engine.position());
                 self.cached = cached;
                 self.messages.push(Message::assistant(generation.text.clone()));
-                self.report(&generation, keep);
+                self.report(&generation, keep)
             }
             Err(e) => {
                 // What the KV cache holds is unknown: start the next turn from scratch.
@@ -669,12 +631,59 @@ impl Chat {
                 self.cached.clear();
                 self.messages.pop();
                 self.turns -= 1;
-                self.error(&format!("{e}; the message was not answered"));
+                self.error(&format!("{e}; the message was not answered"))
             }
         }
     }
 
-    fn report(&self, g: &Generation, reused: usize) {
+    /// Generates the reply to `ids` (of which the KV cache holds the first `keep`), streaming
+    /// it to stdout unless `--json`. A failed write stops generation and is the outer error.
+    fn reply(
+        &mut self,
+        tokenizer: &Tokenizer,
+        ids: &[u32],
+        keep: usize,
+        rendered: &str,
+    ) -> Result<Result<Generation, generate::GenerateError>, WriteError> {
+        let mut printer = ReplyPrinter::new(self.think, generate::prompt_opens_thinking(rendered), self.styled);
+        let json = self.json;
+        let cancel = interrupt::cancel_flag();
+        let mut failed = None;
+        let mut on_text = |piece: &str| {
+            if !json && failed.is_none() {
+                failed = printer.push(piece, &mut std::io::stdout().lock()).err();
+                if failed.is_some() {
+                    cancel.store(true, Ordering::SeqCst);
+                }
+            }
+        };
+        let result = generate::generate_with(
+            &mut Paced {
+                engine: &mut self.session.engine,
+                delay: self.delay,
+            },
+            tokenizer,
+            &mut self.sampler,
+            &ids[..keep],
+            &ids[keep..],
+            &self.options,
+            &mut on_text,
+        );
+        if let Some(e) = failed {
+            return Err(WriteError::stdout(e));
+        }
+        if !json {
+            let mut out = std::io::stdout().lock();
+            printer
+                .finish(&mut out)
+                .and_then(|()| writeln!(out))
+                .and_then(|()| out.flush())
+                .map_err(WriteError::stdout)?;
+        }
+        Ok(result)
+    }
+
+    fn report(&self, g: &Generation, reused: usize) -> Shown {
         let engine = &self.session.engine;
         let prompt_tokens = reused + g.prompt_token_ids.len();
         self.event(json!({
@@ -692,20 +701,20 @@ impl Chat {
             "ctx": engine.ctx(),
             "prefill_tok_s": g.prefill_tok_s(),
             "decode_tok_s": g.decode_tok_s(),
-        }));
+        }))?;
         if self.json {
-            return;
+            return Ok(());
         }
         match g.stop {
-            StopReason::Cancelled => eprintln!("[stopped]"),
-            StopReason::ContextFull => eprintln!(
+            StopReason::Cancelled => errln!("[stopped]")?,
+            StopReason::ContextFull => errln!(
                 "[the context is full ({} tokens): the reply was cut. /drop forgets the oldest exchange, /reset starts over]",
                 engine.ctx()
-            ),
+            )?,
             _ => {}
         }
         if self.stats && !self.quiet {
-            eprintln!(
+            errln!(
                 "[turn {}: {prompt_tokens}-token prompt, {reused} reused from the KV cache, {} prefilled; {} generated ({}); \
                  {:.1} tok/s prefill, {:.1} tok/s decode; context {}/{}]",
                 self.turns,
@@ -716,12 +725,13 @@ impl Chat {
                 g.decode_tok_s(),
                 engine.position(),
                 engine.ctx(),
-            );
+            )?;
         }
+        Ok(())
     }
 
     /// The conversation plus `text` needs `tokens` positions, more than the context has.
-    fn context_full(&mut self, text: &str, tokens: usize) {
+    fn context_full(&mut self, text: &str, tokens: usize) -> Shown {
         let ctx = self.session.engine.ctx();
         let limit = self.session.spec.dims.max_position_embeddings;
         let larger = if ctx < limit {
@@ -764,10 +774,11 @@ impl Chat {
             )
         };
         self.pending = can_retry.then(|| text.to_string());
-        self.event(json!({"event": "context_full", "tokens": tokens, "ctx": ctx, "message": message}));
+        self.event(json!({"event": "context_full", "tokens": tokens, "ctx": ctx, "message": message}))?;
         if !self.json {
-            eprintln!("[{message}]");
+            errln!("[{message}]")?;
         }
+        Ok(())
     }
 }
 
@@ -803,9 +814,9 @@ mod tests {
         let mut p = ReplyPrinter::new(show, start, styled);
         let mut out = Vec::new();
         for c in chunks {
-            p.push(c, &mut out);
+            p.push(c, &mut out).unwrap();
         }
-        p.finish(&mut out);
+        p.finish(&mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 

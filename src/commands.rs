@@ -2,6 +2,8 @@
 //! here; engine logic does not.
 
 use crate::chat;
+use crate::interrupt::{self, OnInterrupt};
+use crate::output::{WriteError, errln, outln};
 use crate::session::{
     self, BuildChoices, OpenOptions, PreparedModel, cache_key, compile_options, ensure_compiled, open_cache,
 };
@@ -10,12 +12,15 @@ use kiln_cache::{Cache, Lookup};
 use kiln_core::HostCpu;
 use kiln_engine::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
 use kiln_text::chat_template::RenderOptions;
-use kiln_text::generate::{GenerateOptions, generate};
+use kiln_text::generate::{GenerateOptions, Generation, StopReason, generate};
 use kiln_text::sampler::SamplingParams;
 use serde_json::json;
-use std::io::Write;
+use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 pub struct CompileArgs {
     /// Threads, prefill block, dequantisation and target CPU.
@@ -50,24 +55,24 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
         "mlir_contexts": kiln_compiler::mlir_contexts_created(),
     });
     if args.json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
         let state = if lib.cache_hit() {
             "already compiled".to_string()
         } else {
             format!("compiled in {:.2} s", lib.compile_seconds)
         };
-        println!("{}: {state}", loaded.dir.display());
-        println!("  key      {}", lib.key);
-        println!(
+        outln!("{}: {state}", loaded.dir.display())?;
+        outln!("  key      {}", lib.key)?;
+        outln!(
             "  library  {} ({} kernels, {} bytes)",
             lib.path.display(),
             lib.kernels,
             lib.library_bytes
-        );
+        )?;
         for (what, dir) in [("MLIR", &args.emit_mlir), ("assembly", &args.emit_asm)] {
             if let Some(d) = dir {
-                println!("  {what} written to {}", d.display());
+                outln!("  {what} written to {}", d.display())?;
             }
         }
     }
@@ -96,9 +101,13 @@ pub struct RunArgs {
     pub json: bool,
     /// No progress bars or statistics on stderr.
     pub quiet: bool,
+    /// Test hook: sleep this long before each decode step (to interrupt generation reliably).
+    pub decode_delay_ms: u64,
 }
 
-pub fn run(args: &RunArgs) -> Result<()> {
+/// `kiln run`. Ctrl-C during generation stops it and the text or JSON so far is printed; the
+/// exit status is then [`interrupt::EXIT_STATUS`].
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
     args.sampling.validate()?;
     let opts = OpenOptions {
         ctx: args.ctx,
@@ -135,6 +144,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     let mut session = prepared.into_session(&opts)?;
+    // From here the first Ctrl-C stops generation and the second ends the process.
+    interrupt::set(OnInterrupt::CancelThenExit);
+    let cancel = interrupt::cancel_flag();
     let eos_token_ids = if args.ignore_eos {
         Vec::new()
     } else if args.chat {
@@ -148,74 +160,144 @@ pub fn run(args: &RunArgs) -> Result<()> {
         eos_token_ids,
         show_special: args.show_special,
         stop: args.stop.clone(),
-        cancel: None,
+        cancel: Some(cancel.clone()),
     };
-    let json = args.json;
-    let stdout = std::io::stdout();
-    // Raw prompts print the text as it is; chat replies go through the reasoning filter.
-    let mut printer = args
-        .chat
-        .then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled()));
-    let mut on_text = |piece: &str| {
-        if !json {
-            let mut out = stdout.lock();
-            match &mut printer {
-                Some(p) => p.push(piece, &mut out),
-                None => {
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                }
-            }
-        }
-    };
+    let mut sink = TextSink::new(args, starts_thinking, cancel.clone());
     let tokenizer = session.tokenizer.clone();
-    let generation = generate(&mut session.engine, &tokenizer, &prompt_ids, &options, &mut on_text)?;
-    if let (Some(p), false) = (&mut printer, json) {
-        p.finish(&mut stdout.lock());
-    }
+    let mut model = chat::Paced {
+        engine: &mut session.engine,
+        delay: Duration::from_millis(args.decode_delay_ms),
+    };
+    let generation = generate(&mut model, &tokenizer, &prompt_ids, &options, &mut |piece| {
+        sink.push(piece)
+    })?;
+    sink.finish()?;
     crate::bench::write_profile(&session)?;
-    if json {
-        let report = json!({
-            "prompt_token_ids": generation.prompt_token_ids,
-            "token_ids": generation.token_ids,
-            "text": generation.text,
-            "stop_reason": generation.stop.as_str(),
-            "stop_string": generation.stop_string,
-            "prefill_tok_s": generation.prefill_tok_s(),
-            "decode_tok_s": generation.decode_tok_s(),
-            "prefill_s": generation.prefill_seconds,
-            "decode_s": generation.decode_seconds,
-            "compile_s": session.library.compile_seconds,
-            "cache_hit": session.library.cache_hit(),
-            "open_s": session.open_seconds,
-            "cache_key": session.library.key.to_string(),
-            "model_dir": session.dir.display().to_string(),
-            "threads": session.engine.threads(),
-            "prefill_block": session.engine.prefill_block(),
-            "seed": generation.seed,
-            "mlir_contexts": kiln_compiler::mlir_contexts_created(),
-        });
-        println!("{report}");
+    if args.json {
+        outln!("{}", run_report(&session, &generation))?;
+    } else if !args.quiet {
+        errln!(
+            "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}{}]",
+            generation.prompt_token_ids.len(),
+            generation.prefill_tok_s(),
+            generation.token_ids.len(),
+            generation.decode_tok_s(),
+            if session.library.cache_hit() {
+                "cached library".to_string()
+            } else {
+                format!("compiled in {:.2} s", session.library.compile_seconds)
+            },
+            if generation.stop == StopReason::Cancelled {
+                "; stopped by Ctrl-C"
+            } else {
+                ""
+            },
+        )?;
+    }
+    // Cancelled by Ctrl-C: a failed write, the other way to cancel, returned above.
+    Ok(if generation.stop == StopReason::Cancelled {
+        ExitCode::from(interrupt::EXIT_STATUS)
     } else {
-        let mut out = stdout.lock();
-        let _ = writeln!(out);
-        let _ = out.flush();
-        if !args.quiet {
-            eprintln!(
-                "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}]",
-                generation.prompt_token_ids.len(),
-                generation.prefill_tok_s(),
-                generation.token_ids.len(),
-                generation.decode_tok_s(),
-                if session.library.cache_hit() {
-                    "cached library".to_string()
-                } else {
-                    format!("compiled in {:.2} s", session.library.compile_seconds)
-                },
-            );
+        ExitCode::SUCCESS
+    })
+}
+
+/// The prompt in `path` (`-`: standard input), as UTF-8 text exactly as it is (`--prompt-file`).
+pub fn read_prompt_file(path: &Path) -> Result<String> {
+    let (name, bytes) = if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .context("cannot read the prompt from standard input")?;
+        ("from standard input".to_string(), bytes)
+    } else {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+        (format!("file {}", path.display()), bytes)
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt {name} is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// `kiln run --json`'s object.
+fn run_report(session: &session::Session, generation: &Generation) -> serde_json::Value {
+    json!({
+        "prompt_token_ids": generation.prompt_token_ids,
+        "token_ids": generation.token_ids,
+        "text": generation.text,
+        "stop_reason": generation.stop.as_str(),
+        "stop_string": generation.stop_string,
+        "prefill_tok_s": generation.prefill_tok_s(),
+        "decode_tok_s": generation.decode_tok_s(),
+        "prefill_s": generation.prefill_seconds,
+        "decode_s": generation.decode_seconds,
+        "compile_s": session.library.compile_seconds,
+        "cache_hit": session.library.cache_hit(),
+        "open_s": session.open_seconds,
+        "cache_key": session.library.key.to_string(),
+        "model_dir": session.dir.display().to_string(),
+        "threads": session.engine.threads(),
+        "prefill_block": session.engine.prefill_block(),
+        "seed": generation.seed,
+        "mlir_contexts": kiln_compiler::mlir_contexts_created(),
+    })
+}
+
+/// Where `kiln run` streams its text: stdout as it is, or through the reasoning filter with
+/// `--chat`; nothing with `--json`. The first failed write stops generation (through the cancel
+/// flag) and is returned by [`TextSink::finish`], so no token is generated for nobody.
+struct TextSink {
+    json: bool,
+    printer: Option<chat::ReplyPrinter>,
+    cancel: Arc<AtomicBool>,
+    error: Option<WriteError>,
+}
+
+impl TextSink {
+    fn new(args: &RunArgs, starts_thinking: bool, cancel: Arc<AtomicBool>) -> TextSink {
+        TextSink {
+            json: args.json,
+            printer: args
+                .chat
+                .then(|| chat::ReplyPrinter::new(args.think, starts_thinking, chat::stdout_styled())),
+            cancel,
+            error: None,
         }
     }
-    Ok(())
+
+    fn push(&mut self, piece: &str) {
+        if self.json || self.error.is_some() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let written = match &mut self.printer {
+            Some(p) => p.push(piece, &mut out),
+            None => out.write_all(piece.as_bytes()).and_then(|()| out.flush()),
+        };
+        if let Err(e) = written {
+            self.error = Some(WriteError::stdout(e));
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Ends the text (held-back text, the final newline) or returns the first failed write.
+    fn finish(mut self) -> Result<(), WriteError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.json {
+            return Ok(());
+        }
+        let mut out = std::io::stdout().lock();
+        if let Some(p) = &mut self.printer {
+            p.finish(&mut out).map_err(WriteError::stdout)?;
+        }
+        writeln!(out).and_then(|()| out.flush()).map_err(WriteError::stdout)
+    }
 }
 
 pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
@@ -237,7 +319,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
     let dtypes: std::collections::BTreeSet<String> = spec.weights.iter().map(|w| w.dtype.to_string()).collect();
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "model": loaded.dir.display().to_string(),
@@ -252,56 +334,60 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
                 "cache_key": key.to_string(),
                 "cache_state": state,
             })
-        );
+        )?;
         return Ok(());
     }
-    println!("model        {}", loaded.dir.display());
-    println!(
+    outln!("model        {}", loaded.dir.display())?;
+    outln!(
         "architecture {} ({}, {})",
         loaded.architecture,
         spec.arch,
         loaded.format.name()
-    );
-    println!("layers       {}", spec.num_layers());
-    println!(
+    )?;
+    outln!("layers       {}", spec.num_layers())?;
+    outln!(
         "hidden       {} (intermediate {})",
-        spec.dims.hidden_size, spec.dims.intermediate_size
-    );
-    println!(
+        spec.dims.hidden_size,
+        spec.dims.intermediate_size
+    )?;
+    outln!(
         "attention    {} heads, {} kv heads, head_dim {}",
-        spec.dims.num_heads, spec.dims.num_kv_heads, spec.dims.head_dim
-    );
-    println!("vocabulary   {}", spec.dims.vocab_size);
+        spec.dims.num_heads,
+        spec.dims.num_kv_heads,
+        spec.dims.head_dim
+    )?;
+    outln!("vocabulary   {}", spec.dims.vocab_size)?;
     let rope = spec
         .rope
         .as_ref()
         .map(|r| format!(", rope theta {} ({})", r.theta, r.scaling.name()))
         .unwrap_or_else(|| ", learned positions".into());
-    println!("context      {} positions{rope}", spec.dims.max_position_embeddings);
-    println!(
+    outln!("context      {} positions{rope}", spec.dims.max_position_embeddings)?;
+    outln!(
         "embeddings   {}",
         if spec.tied_embeddings() { "tied" } else { "untied" }
-    );
-    println!(
+    )?;
+    outln!(
         "weights      {} ({})",
         dtypes.into_iter().collect::<Vec<_>>().join(", "),
         human_bytes(spec.weight_bytes())
-    );
-    println!(
+    )?;
+    outln!(
         "parameters   {} ({:.1} M)",
         spec.param_count(),
         spec.param_count() as f64 / 1e6
-    );
-    println!(
+    )?;
+    outln!(
         "read/token   {} of weights per decoded token",
         human_bytes(spec.weight_bytes_per_token())
-    );
-    println!(
+    )?;
+    outln!(
         "kernels      {kernels} distinct (prefill block {} rows, {} f32 lanes)",
-        options.prefill_rows, options.f32_lanes
-    );
-    println!("cache key    {key}");
-    println!("cache        {state}");
+        options.prefill_rows,
+        options.f32_lanes
+    )?;
+    outln!("cache key    {key}")?;
+    outln!("cache        {state}")?;
     Ok(())
 }
 
@@ -322,14 +408,14 @@ pub fn cache_list(as_json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        outln!("{}", serde_json::Value::Array(items))?;
         return Ok(());
     }
     if entries.is_empty() {
-        println!("cache {} is empty", cache.root().display());
+        outln!("cache {} is empty", cache.root().display())?;
         return Ok(());
     }
-    println!("cache {}", cache.root().display());
+    outln!("cache {}", cache.root().display())?;
     for e in &entries {
         let model = e
             .info()
@@ -338,7 +424,7 @@ pub fn cache_list(as_json: bool) -> Result<()> {
             .unwrap_or("?")
             .to_string();
         let status = e.problem.clone().unwrap_or_else(|| "ok".into());
-        println!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk));
+        outln!("{}  {:>10}  {model}  [{status}]", e.key, human_bytes(e.bytes_on_disk))?;
     }
     Ok(())
 }
@@ -346,22 +432,22 @@ pub fn cache_list(as_json: bool) -> Result<()> {
 pub fn cache_clean(key: Option<&str>) -> Result<()> {
     let root = Cache::default_root()?;
     if !root.exists() {
-        println!("cache {} is empty", root.display());
+        outln!("cache {} is empty", root.display())?;
         return Ok(());
     }
     let cache = Cache::open(root).context("opening the cache")?;
     match key {
         Some(k) => {
             let removed = cache.remove(k)?;
-            println!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk));
+            outln!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk))?;
         }
         None => {
             let report = cache.clean_all()?;
-            println!(
+            outln!(
                 "removed {} entries, freed {}",
                 report.entries_removed.len(),
                 human_bytes(report.bytes_freed)
-            );
+            )?;
         }
     }
     Ok(())
@@ -436,35 +522,44 @@ pub fn probe(passes: usize, as_json: bool) -> Result<()> {
     let cache = open_cache(None)?;
     let (lib, buffer_bytes, lanes) = probe_library(&host, &cache, !as_json)?;
     if !as_json {
-        eprintln!(
+        errln!(
             "probing with a {} buffer, best of {passes} passes per thread count",
             human_bytes(buffer_bytes as u64)
-        );
+        )?;
     }
+    // The first failed write to stderr; the probe runs on and the error is returned after it.
+    let mut progress_error = None;
     let result = run_probe(&lib.path, buffer_bytes, lanes, passes, &mut |line| {
-        if !as_json {
-            eprintln!("  {line}");
+        if !as_json && progress_error.is_none() {
+            progress_error = errln!("  {line}").err();
         }
     })?;
+    if let Some(e) = progress_error {
+        return Err(e.into());
+    }
     let path = probe_path(cache.root(), &host);
     write_atomically(&path, serde_json::to_string_pretty(&result)?.as_bytes())?;
     if as_json {
-        println!("{}", serde_json::to_string(&result)?);
+        outln!("{}", serde_json::to_string(&result)?)?;
     } else {
-        println!(
+        outln!(
             "{} ({} f32 lanes), load average {:.2}",
             host.model_name,
             result.f32_lanes,
             result.load_average.unwrap_or(f64::NAN)
-        );
-        println!("threads  read GB/s (best / median)  FMA GFLOP/s (best / median)");
+        )?;
+        outln!("threads  read GB/s (best / median)  FMA GFLOP/s (best / median)")?;
         for (r, f) in result.read_gb_s.iter().zip(&result.fma_gflop_s) {
-            println!(
+            outln!(
                 "{:>7}  {:>8.1} / {:<8.1}           {:>8.1} / {:<8.1}",
-                r.threads, r.best, r.median, f.best, f.median
-            );
+                r.threads,
+                r.best,
+                r.median,
+                f.best,
+                f.median
+            )?;
         }
-        println!("saved to {}", path.display());
+        outln!("saved to {}", path.display())?;
     }
     Ok(())
 }
@@ -528,7 +623,7 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
             }
         })
         .collect();
-    println!(
+    outln!(
         "{}",
         json!({
             "model": session.dir.display().to_string(),
@@ -538,6 +633,6 @@ pub fn debug_layers(args: &DebugArgs) -> Result<()> {
             "residuals": residuals,
             "logits": session.engine.logits(),
         })
-    );
+    )?;
     Ok(())
 }

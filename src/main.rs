@@ -1,8 +1,12 @@
 //! The `kiln` command line: parses arguments and calls the library. No engine logic lives here.
 
-use anyhow::{Result, bail};
+// Output goes through `output` (outln!/errln!), whose writes are checked; the print macros
+// panic when a write fails.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use kiln::commands;
+use kiln::{commands, output};
 use kiln_core::DType;
 use kiln_text::sampler::SamplingParams;
 use std::path::PathBuf;
@@ -44,8 +48,12 @@ enum Command {
         /// demo model (scripts/fetch-demo-model.sh).
         model: Option<PathBuf>,
         /// The prompt: raw text, or with --chat the user's message.
-        #[arg(long, short)]
-        prompt: String,
+        #[arg(long, short, required_unless_present = "prompt_file")]
+        prompt: Option<String>,
+        /// Read the prompt from FILE instead, exactly as it is (`-`: standard input); for
+        /// prompts too long for the command line.
+        #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+        prompt_file: Option<PathBuf>,
         /// Send the prompt as one user turn through the model's chat template.
         #[arg(long)]
         chat: bool,
@@ -78,6 +86,9 @@ enum Command {
         /// No progress bars and no statistics on stderr: only the generated text on stdout.
         #[arg(long, short)]
         quiet: bool,
+        /// Sleep this long before each decode step (for tests that interrupt generation).
+        #[arg(long, hide = true, default_value_t = 0)]
+        debug_decode_delay_ms: u64,
     },
     /// Chat with a model: a multi-turn session whose KV cache is kept across turns.
     Chat {
@@ -223,9 +234,14 @@ struct CleanArgs {
 /// Options that shape the compiled library or the engine.
 #[derive(Args, Clone)]
 struct BuildArgs {
-    /// Compute threads (default: one per physical core).
-    #[arg(long)]
+    /// Compute threads (default: one per physical core; at most the CPUs this process may run
+    /// on unless --threads-oversubscribe).
+    #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Use --threads N even when it exceeds the CPUs this process may run on (threads then
+    /// take turns on the CPUs).
+    #[arg(long, requires = "threads")]
+    threads_oversubscribe: bool,
     /// Rows per prefill block (compiled into the prefill kernels).
     #[arg(long, value_name = "ROWS")]
     prefill_block: Option<usize>,
@@ -240,13 +256,15 @@ struct BuildArgs {
 }
 
 impl BuildArgs {
-    fn choices(self) -> kiln::session::BuildChoices {
+    /// The checked choices (see [`kiln::session::BuildChoices::checked`]).
+    fn choices(self) -> Result<kiln::session::BuildChoices> {
         kiln::session::BuildChoices {
             threads: self.threads,
             prefill_block: self.prefill_block,
             dequantize: self.dequantize,
             target_cpu: self.target_cpu,
         }
+        .checked(self.threads_oversubscribe)
     }
 }
 
@@ -258,6 +276,12 @@ fn restore_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// `--ctx`, which must be at least 1 (`--ctx 0` used to become a context of 1).
+fn positive_ctx(ctx: Option<usize>) -> Result<Option<usize>> {
+    kiln::session::at_least_one("--ctx", ctx)?;
+    Ok(ctx)
 }
 
 /// The model named on the command line, or the installed demo model.
@@ -326,34 +350,57 @@ impl SamplingArgs {
 
 fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
-    match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", kiln::session::one_line(&e));
-            ExitCode::FAILURE
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_exit(&e),
+    };
+    match kiln::interrupt::install().and_then(|()| dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+/// Exit status of a process whose reader closed the pipe: what a shell reports for a death by
+/// SIGPIPE, the usual end of a command-line tool in `kiln ... | head`.
+const BROKEN_PIPE_EXIT: u8 = 128 + 13;
+
+/// Reports `e` as one line on stderr and gives the exit status. A failed write to stdout or
+/// stderr says so where it still can: nothing for a closed pipe (the reader went away) or for a
+/// broken stderr, one line on stderr for a broken stdout.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    match output::write_error(e) {
+        Some(w) if w.is_broken_pipe() => return ExitCode::from(BROKEN_PIPE_EXIT),
+        Some(w) if w.stream == output::Stream::Stderr => return ExitCode::FAILURE,
+        _ => {}
+    }
+    // Exit non-zero whether or not the message could be written: there is nowhere else to say it.
+    let _ = output::write_stderr(format_args!("error: {}\n", kiln::session::one_line(e)));
+    ExitCode::FAILURE
+}
+
+/// Prints clap's help, version or usage error, checking the write like every other output.
+fn usage_exit(e: &clap::Error) -> ExitCode {
+    match e.print() {
+        Ok(()) => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+        Err(io) => {
+            let w = if e.use_stderr() {
+                output::WriteError::stderr(io)
+            } else {
+                output::WriteError::stdout(io)
+            };
+            fail(&w.into())
         }
     }
 }
 
-fn dispatch(cli: Cli) -> Result<()> {
+/// Runs the command and gives its exit status (`kiln run` stopped by Ctrl-C has its own).
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let done = |result: Result<()>| result.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Compile {
-            model,
-            emit_mlir,
-            emit_asm,
-            build,
-            json,
-        } => commands::compile(&commands::CompileArgs {
-            model,
-            emit_mlir,
-            emit_asm,
-            build: build.choices(),
-            json,
-        }),
         Command::Run {
             model,
             prompt,
+            prompt_file,
             chat,
             system,
             think,
@@ -365,22 +412,40 @@ fn dispatch(cli: Cli) -> Result<()> {
             ignore_eos,
             json,
             quiet,
+            debug_decode_delay_ms,
         } => commands::run(&commands::RunArgs {
+            ctx: positive_ctx(ctx)?,
+            prompt: match (prompt, prompt_file) {
+                (Some(text), _) => text,
+                (None, file) => commands::read_prompt_file(&file.context("give --prompt TEXT or --prompt-file FILE")?)?,
+            },
             model: model_or_demo(model)?,
-            prompt,
             chat,
             system,
             think,
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            build: build.choices(),
-            ctx,
+            build: build.choices()?,
             show_special,
             ignore_eos,
             json,
             quiet,
+            decode_delay_ms: debug_decode_delay_ms,
         }),
+        Command::Compile {
+            model,
+            emit_mlir,
+            emit_asm,
+            build,
+            json,
+        } => done(commands::compile(&commands::CompileArgs {
+            model,
+            emit_mlir,
+            emit_asm,
+            build: build.choices()?,
+            json,
+        })),
         Command::Chat {
             model,
             system,
@@ -393,22 +458,22 @@ fn dispatch(cli: Cli) -> Result<()> {
             stats,
             quiet,
             debug_decode_delay_ms,
-        } => kiln::chat::chat(&kiln::chat::ChatArgs {
+        } => done(kiln::chat::chat(&kiln::chat::ChatArgs {
+            ctx: positive_ctx(ctx)?,
             model: model_or_demo(model)?,
             system,
             think,
             max_tokens,
             sampling: sampling.params(),
             stop: sampling.stop,
-            build: build.choices(),
-            ctx,
+            build: build.choices()?,
             json,
             stats,
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
-        }),
-        Command::Info { model, build, json } => commands::info(&model, &build.choices(), json),
-        Command::Probe { passes, json } => commands::probe(passes, json),
+        })),
+        Command::Info { model, build, json } => done(commands::info(&model, &build.choices()?, json)),
+        Command::Probe { passes, json } => done(commands::probe(passes, json)),
         Command::Debug {
             model,
             prompt,
@@ -416,14 +481,14 @@ fn dispatch(cli: Cli) -> Result<()> {
             chat,
             all_tokens,
             build,
-        } => commands::debug_layers(&commands::DebugArgs {
+        } => done(commands::debug_layers(&commands::DebugArgs {
             model,
             prompt,
             ids,
             chat,
             all_tokens,
-            build: build.choices(),
-        }),
+            build: build.choices()?,
+        })),
         Command::Bench {
             model,
             prompt_tokens,
@@ -433,29 +498,29 @@ fn dispatch(cli: Cli) -> Result<()> {
             json,
             print_prompt,
             no_probe,
-        } => kiln::bench::bench(&kiln::bench::BenchArgs {
+        } => done(kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
             gen_tokens,
             reps,
-            build: build.choices(),
+            build: build.choices()?,
             json,
             print_prompt,
             no_probe,
-        }),
+        })),
         Command::Cache {
             action: CacheAction::List { json },
-        } => commands::cache_list(json),
+        } => done(commands::cache_list(json)),
         Command::Cache {
             action: CacheAction::Clean(c),
         }
         | Command::CleanCache(c) => match (c.key, c.all) {
             (Some(_), true) => bail!("give either a KEY or --all, not both"),
             (None, false) => bail!("give the KEY of the entry to remove (see `kiln cache list`) or --all"),
-            (key, _) => commands::cache_clean(key.as_deref()),
+            (key, _) => done(commands::cache_clean(key.as_deref())),
         },
-        Command::Pull { model, quiet } => kiln::models::pull(&model, quiet),
-        Command::List { json } => kiln::models::list(json),
-        Command::Rm { model } => kiln::models::rm(&model),
+        Command::Pull { model, quiet } => done(kiln::models::pull(&model, quiet)),
+        Command::List { json } => done(kiln::models::list(json)),
+        Command::Rm { model } => done(kiln::models::rm(&model)),
     }
 }

@@ -4,6 +4,7 @@
 //! `HF_HUB_OFFLINE` (then it only reports what the cache holds).
 
 use crate::commands::human_bytes;
+use crate::output::{errln, outln};
 use crate::session::{cache_key, compile_options, models_dir};
 use anyhow::{Context as _, Result, anyhow, bail};
 use kiln_cache::{Cache, Lookup};
@@ -28,10 +29,10 @@ pub fn pull(id: &str, quiet: bool) -> Result<()> {
     opts.quiet |= quiet;
     HubSpec::parse(id)?;
     if opts.offline && !opts.quiet {
-        eprintln!("note: HF_HUB_OFFLINE is set: the Hugging Face cache is not checked against the hub");
+        errln!("note: HF_HUB_OFFLINE is set: the Hugging Face cache is not checked against the hub")?;
     }
     let path = hub::fetch(id, &opts)?;
-    println!("{}", path.display());
+    outln!("{}", path.display())?;
     Ok(())
 }
 
@@ -91,38 +92,41 @@ pub fn list(as_json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        outln!("{}", serde_json::Value::Array(items))?;
         return Ok(());
     }
     let folder_text = folder.map_or("none: set KILN_MODELS_DIR or HOME".into(), |d| d.display().to_string());
     if rows.is_empty() {
-        println!(
+        outln!(
             "no models in the Hugging Face cache ({}) or Kiln's models folder ({folder_text}); \
              download one with `kiln pull ORG/NAME[:QUANT]`",
             hf_cache.display()
-        );
+        )?;
         return Ok(());
     }
-    print_table(&rows, &states);
-    println!(
+    print_table(&rows, &states)?;
+    outln!(
         "{} model{}, {} (Hugging Face cache {}; Kiln models folder {folder_text})",
         rows.len(),
         if rows.len() == 1 { "" } else { "s" },
         human_bytes(rows.iter().map(|r| r.bytes).sum()),
         hf_cache.display()
-    );
+    )?;
     Ok(())
 }
 
-fn print_table(rows: &[Row], states: &[Compiled]) {
+fn print_table(rows: &[Row], states: &[Compiled]) -> Result<()> {
     let id_w = rows.iter().map(|r| r.id.len()).max().unwrap_or(0).max(2);
     let rev_w = rows.iter().map(|r| r.revision.len()).max().unwrap_or(0).max(8);
     let quant = |r: &Row| r.quant.clone().unwrap_or_else(|| "-".into());
     let q_w = rows.iter().map(|r| quant(r).len()).max().unwrap_or(0).max(5);
-    println!(
+    outln!(
         "{:id_w$}  {:rev_w$}  {:q_w$}  {:>10}  COMPILED",
-        "ID", "REVISION", "QUANT", "SIZE"
-    );
+        "ID",
+        "REVISION",
+        "QUANT",
+        "SIZE"
+    )?;
     for (r, c) in rows.iter().zip(states) {
         let compiled = match (c.compiled, &c.problem) {
             (Some(true), _) => "yes".to_string(),
@@ -130,14 +134,15 @@ fn print_table(rows: &[Row], states: &[Compiled]) {
             (None, Some(p)) => format!("- ({p})"),
             (None, None) => "-".to_string(),
         };
-        println!(
+        outln!(
             "{:id_w$}  {:rev_w$}  {:q_w$}  {:>10}  {compiled}",
             r.id,
             r.revision,
             quant(r),
             human_bytes(r.bytes)
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Whether Kiln's cache has the library of a row's model.
@@ -265,12 +270,12 @@ pub fn rm(id: &str) -> Result<()> {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "removed {spec}: {} files, {} blobs, {} freed{rest}",
         removed.files,
         removed.blobs,
         human_bytes(removed.bytes)
-    );
+    )?;
     Ok(())
 }
 
@@ -302,7 +307,7 @@ fn rm_from_folder(path: &Path) -> Result<()> {
     if path.is_dir() {
         let bytes = dir_bytes(path);
         std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))?;
-        println!("removed {} ({} freed)", path.display(), human_bytes(bytes));
+        outln!("removed {} ({} freed)", path.display(), human_bytes(bytes))?;
         return Ok(());
     }
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -319,11 +324,11 @@ fn rm_from_folder(path: &Path) -> Result<()> {
         bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
         std::fs::remove_file(f).with_context(|| format!("cannot remove {}", f.display()))?;
     }
-    println!(
+    outln!(
         "removed {} ({} files, {} freed)",
         path.display(),
         files.len(),
         human_bytes(bytes)
-    );
+    )?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! The cache key is computed from plain data (spec, options, versions, the host CPU as the
 //! kernel reports it), so a hit never touches MLIR or LLVM.
 
+use crate::output::errln;
 use anyhow::{Context as _, Result, anyhow};
 use kiln_cache::{BuildOutput, Cache, CacheError, Key, Status};
 use kiln_core::{CompileOptions, HostCpu, ModelSpec, abi};
@@ -54,6 +55,27 @@ pub struct BuildChoices {
 }
 
 impl BuildChoices {
+    /// Checks the choices made on the command line: `--threads 0` and `--prefill-block 0` are
+    /// errors, and more threads than this process has CPUs are capped at that number with a
+    /// warning unless `oversubscribe` (`--threads-oversubscribe`): threads beyond the CPUs only
+    /// take turns on them (1000 threads on 2 cores took over a minute for 4 tokens).
+    pub fn checked(mut self, oversubscribe: bool) -> Result<BuildChoices> {
+        at_least_one("--threads", self.threads)?;
+        at_least_one("--prefill-block", self.prefill_block)?;
+        let cpus = kiln_engine::pool::available_cpus();
+        if let Some(n) = self.threads
+            && n > cpus
+            && !oversubscribe
+        {
+            errln!(
+                "warning: --threads {n} is more than the {cpus} CPUs this process may run on; using {cpus} \
+                 (--threads-oversubscribe keeps {n})"
+            )?;
+            self.threads = Some(cpus);
+        }
+        Ok(self)
+    }
+
     /// Open options carrying these choices, everything else at its default.
     pub fn open_options(&self) -> OpenOptions {
         OpenOptions {
@@ -64,6 +86,14 @@ impl BuildChoices {
             ..OpenOptions::default()
         }
     }
+}
+
+/// An error for a count option given as 0 (`--threads 0` used to become 1 without a word).
+pub fn at_least_one(option: &str, value: Option<usize>) -> Result<()> {
+    if value == Some(0) {
+        anyhow::bail!("{option} must be at least 1, not 0");
+    }
+    Ok(())
 }
 
 /// The compiled library for a model on this machine.
@@ -252,7 +282,7 @@ pub fn ensure_library(
         }
     })?;
     if let Status::Rebuilt { reason } = &outcome.status {
-        eprintln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it");
+        errln!("warning: cache entry {key} was corrupt ({reason}); rebuilt it")?;
     }
     if matches!(outcome.status, Status::Hit) && (opts.emit_mlir.is_some() || opts.emit_asm.is_some()) {
         // The dumps were asked for but the library came from the cache: compile again into a
@@ -393,10 +423,10 @@ impl PreparedModel {
                 e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),
             )) => {
                 // The entry passed its hash check but cannot be used: drop it and rebuild once.
-                eprintln!(
+                errln!(
                     "warning: cached library {} is unusable ({e}); rebuilding",
                     library.path.display()
-                );
+                )?;
                 cache.remove(&library.key.to_string())?;
                 library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
                 Engine::new(&spec, &options, &library.path, weights, &engine_config)?

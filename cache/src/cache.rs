@@ -698,6 +698,7 @@ impl Cache {
     fn create_staging(&self, key: &Key) -> Result<Staging, CacheError> {
         let path = self.root.join(format!("{STAGING_PREFIX}{key}-{}", unique_suffix()));
         fs::create_dir(&path).map_err(CacheError::io("cannot create staging folder", &path))?;
+        crate::active::register(&path);
         Ok(Staging { path, keep: false })
     }
 
@@ -902,7 +903,8 @@ fn lock_file_is_current(_file: &File, _path: &Path) -> io::Result<bool> {
 }
 
 /// A staging folder, deleted when dropped unless it was committed: covers builder errors,
-/// builder panics (during unwinding) and cache errors alike.
+/// builder panics (during unwinding) and cache errors alike. While it lives it is registered for
+/// [`crate::remove_active_staging`] (a signal ending the process).
 struct Staging {
     path: PathBuf,
     keep: bool,
@@ -910,6 +912,7 @@ struct Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        crate::active::unregister(&self.path);
         if !self.keep {
             let _ = remove_path(&self.path);
         }

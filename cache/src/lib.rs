@@ -17,7 +17,8 @@
 //! - concurrent builds of one key, from threads or processes, run the builder once: the others
 //!   wait on `<root>/<key>.lock` and then find a hit;
 //! - a failing or panicking builder leaves nothing behind; leftovers of crashed processes are
-//!   ignored, and removed by [`Cache::clean_all`] or after an hour by the next build.
+//!   ignored, and removed by [`Cache::clean_all`] or after an hour by the next build; a process
+//!   ended by a signal can delete its own first ([`remove_active_staging`]).
 //!
 //! ```no_run
 //! use kiln_cache::{BuildOutput, Cache, Key};
@@ -36,6 +37,7 @@
 //! # }
 //! ```
 
+mod active;
 mod cache;
 mod elf;
 mod error;
@@ -43,6 +45,7 @@ mod fsutil;
 mod key;
 mod verify;
 
+pub use active::remove_active_staging;
 pub use cache::{BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
