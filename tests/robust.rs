@@ -48,7 +48,7 @@ fn chat_model() -> tempfile::TempDir {
         let e = e.unwrap();
         std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
     }
-    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtime/tests/data/chat_templates/qwen2_5.jinja");
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates/qwen2_5.jinja");
     std::fs::copy(template, dir.path().join("chat_template.jinja")).unwrap();
     dir
 }
