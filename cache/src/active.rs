@@ -2,7 +2,7 @@
 //! (Ctrl-C during a compile) can delete them on its way out instead of leaving them to the
 //! stale-folder cleanup of a later build.
 //!
-//! A staging folder is registered when it is created and unregistered when its `Staging`
+//! A staging folder is registered as it is created and unregistered when its `Staging`
 //! guard is dropped (committed or not); [`remove_active_staging`] deletes whatever is
 //! registered. It is meant for the last moments of a process: a build whose folder it deleted
 //! fails (its files are gone), and a build that commits at that very moment may publish an
@@ -35,8 +35,14 @@ impl Registry {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn register(&self, path: &Path) {
-        self.list().push(path.to_path_buf());
+    /// Creates the folder `path` and registers it under one hold of the list, so that
+    /// [`Registry::remove_all`] sees either neither or both: a folder created just before a
+    /// signal but registered after it would be left behind.
+    fn create(&self, path: &Path) -> std::io::Result<()> {
+        let mut list = self.list();
+        std::fs::create_dir(path)?;
+        list.push(path.to_path_buf());
+        Ok(())
     }
 
     fn unregister(&self, path: &Path) {
@@ -62,8 +68,10 @@ fn remove_with_retries(path: &Path) -> bool {
     false
 }
 
-pub(crate) fn register(path: &Path) {
-    ACTIVE.register(path);
+/// Creates the staging folder `path` and registers it, atomically with respect to
+/// [`remove_active_staging`].
+pub(crate) fn create_registered(path: &Path) -> std::io::Result<()> {
+    ACTIVE.create(path)
 }
 
 pub(crate) fn unregister(path: &Path) {
@@ -89,9 +97,8 @@ mod tests {
         // A registry of its own: the global one holds the folders of concurrent tests' builds.
         let registry = Registry::new();
         for dir in [&building, &done] {
-            std::fs::create_dir(dir).unwrap();
+            registry.create(dir).unwrap();
             std::fs::write(dir.join("k.o"), b"x").unwrap();
-            registry.register(dir);
         }
         registry.unregister(&done);
         assert_eq!(registry.remove_all(), 1);

@@ -697,8 +697,7 @@ impl Cache {
     /// Creates an empty staging folder for a build of `key`, deleted again unless committed.
     fn create_staging(&self, key: &Key) -> Result<Staging, CacheError> {
         let path = self.root.join(format!("{STAGING_PREFIX}{key}-{}", unique_suffix()));
-        fs::create_dir(&path).map_err(CacheError::io("cannot create staging folder", &path))?;
-        crate::active::register(&path);
+        crate::active::create_registered(&path).map_err(CacheError::io("cannot create staging folder", &path))?;
         Ok(Staging { path, keep: false })
     }
 

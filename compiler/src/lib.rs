@@ -124,7 +124,9 @@ pub fn compile(req: &CompileRequest) -> Result<CompileReport, CompileError> {
     let kernels = req.kernels;
     let host = HostTarget::for_options(req.options);
     let objects_dir = req.out_dir.join(".objects");
-    std::fs::create_dir_all(&objects_dir).map_err(io_err(&objects_dir))?;
+    // Not create_dir_all: `out_dir` is the cache's staging folder, and if Ctrl-C has just
+    // deleted it (the process is exiting) it must not be created again here.
+    std::fs::create_dir(&objects_dir).map_err(io_err(&objects_dir))?;
     for dir in [req.emit_mlir, req.emit_asm].into_iter().flatten() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
