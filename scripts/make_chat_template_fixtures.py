@@ -33,7 +33,7 @@ import transformers.utils.chat_template_utils as ctu
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-DATA = Path(__file__).resolve().parent.parent / "runtime" / "tests" / "data" / "chat_templates"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "chat_templates"
 FIXED_NOW = _datetime.datetime(2024, 9, 5, 14, 3, 7)
 
 
@@ -149,6 +149,11 @@ PER_TEMPLATE = {
         ("date_string_override", [U1], {"add_generation_prompt": True, "date_string": "01 Jan 2030"}),
         # The template's own `raise_exception`: tools but no user message to put them in.
         ("error_tools_without_user", [SYSTEM], {"add_generation_prompt": True, "tools": [TOOL]}),
+    ],
+    "gemma3": [
+        # The template's own `raise_exception`: two user turns in a row.
+        ("error_roles_not_alternating", [U1, U2], {"add_generation_prompt": True}),
+        ("system_only_gen", [SYSTEM], {"add_generation_prompt": True}),
     ],
     "llama3_1": [
         ("tools_in_user_message", [U1], {"add_generation_prompt": True, "tools": [TOOL]}),

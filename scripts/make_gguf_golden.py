@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GGUF versions of the tiny golden models, made by llama.cpp's own tools.
 
-    python3 scripts/make_gguf_golden.py
+    python3 scripts/make_gguf_golden.py [--only NAME[,NAME...]]
 
 Converts tests/fixtures/{llama,qwen2} (Hugging Face folders with goldens from
 transformers, see make_golden.py) to GGUF with llama.cpp's `convert_hf_to_gguf.py` (bf16: the
@@ -11,8 +11,10 @@ Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1. Writes tests/fixtures/gguf/. The Rust tests che
 files reproduce the transformers goldens (so the permutation is undone correctly) and that the
 quantised kernels give the same numbers as dequantising at load.
 
-Needs `llama-cpp-python` (PyPI; provides the quantiser and, in its source distribution,
-convert_hf_to_gguf.py), `gguf`, `sentencepiece`, `torch`, `transformers`.
+Converting needs only llama.cpp's sources (the `llama-cpp-python` source distribution, fetched
+from PyPI by llama_cpp_sources.py), `gguf`, `sentencepiece`, `torch` and `transformers`; the
+quantised files also need the installed `llama-cpp-python` (its quantiser), and are skipped with
+a message when it is absent.
 """
 
 import os as _os
@@ -41,15 +43,36 @@ def llama_cpp_sources(version):
     return sources.llama_cpp_dir(version)
 
 
-# Our tiny fixtures use tokenizers trained for the tests, whose pre-tokenizer hashes llama.cpp's
-# converter does not know; they follow Qwen2's byte-level scheme, so name that one.
+# The llama-cpp-python release whose vendored llama.cpp converts (and, installed, quantises).
+LLAMA_CPP_PYTHON = "0.3.36"
+
+# The fixtures converted, each with the `tokenizer.ggml.pre` name its byte-level tokenizer follows
+# (None: a SentencePiece vocabulary, which has no pre-tokenizer type). Our tiny fixtures use
+# tokenizers trained for the tests, whose pre-tokenizer hashes llama.cpp's converter does not
+# know, so the converter is told which scheme each follows. (Not mistral: llama.cpp's converter
+# drops its sliding window, so the result would not be comparable with the transformers goldens.)
+CONVERTED = {
+    "llama": "qwen2",
+    "qwen2": "qwen2",
+    # Phi-3: llama.cpp's phi3 converter reads the SentencePiece tokenizer.model (and the added
+    # tokens of tokenizer.json); it keeps the sliding window and writes the LongRoPE factors.
+    "phi3": None,
+    "phi3-longrope": None,
+    "gpt2": "gpt-2",
+    "phi": "phi-2",  # what the converter names phi-2's own tokenizer (GPT-2's regex)
+    "gemma2": None,  # SentencePiece (tokenizer.model)
+    "gemma3": None,
+}
+
 CONVERT = r"""
 import sys
-sys.argv = sys.argv[1:]
+pre = sys.argv[1]
+sys.argv = sys.argv[2:]
 sys.path.insert(0, sys.argv[0].rsplit('/', 1)[0])
 import conversion.base as base
 import convert_hf_to_gguf as c
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+if pre != "-":
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
 c.main()
 """
 
@@ -57,8 +80,49 @@ c.main()
 def convert(src, name, llama_cpp_dir, outtype="bf16"):
     out = OUT / f"{name}-{outtype}.gguf"
     env = dict(os.environ, PYTHONPATH=str(llama_cpp_dir / "gguf-py"))
-    subprocess.run([sys.executable, "-c", CONVERT, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(src),
+    pre = CONVERTED[name] or "-"
+    subprocess.run([sys.executable, "-c", CONVERT, pre, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(src),
                     "--outtype", outtype, "--outfile", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+    return out
+
+
+FUSE_QKV = r"""
+import sys
+import numpy as np
+import gguf
+src, out = sys.argv[1], sys.argv[2]
+r = gguf.GGUFReader(src)
+w = gguf.GGUFWriter(out, arch=r.fields["general.architecture"].contents())
+for f in r.fields.values():
+    if f.name == "general.architecture" or f.name.startswith("GGUF."):
+        continue
+    vtype = f.types[0]
+    w.add_key_value(f.name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+by_name = {t.name: t for t in r.tensors}
+for t in r.tensors:
+    name = t.name
+    if ".attn_k." in name or ".attn_v." in name:
+        continue
+    data, dtype = t.data, t.tensor_type
+    if ".attn_q." in name:
+        parts = [by_name[name.replace(".attn_q.", f".attn_{p}.")].data for p in "qkv"]
+        data = np.concatenate(parts, axis=0)  # rows (outermost) of q, then k, then v
+        name = name.replace(".attn_q.", ".attn_qkv.")
+    w.add_tensor(name, data, raw_dtype=dtype)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+"""
+
+
+def fuse_qkv(src, out, llama_cpp_dir):
+    """A copy of `src` with each layer's attn_q/k/v weights and biases stored as one attn_qkv
+    tensor (rows of q, then k, then v), as llama.cpp's converter writes the original phi-2
+    checkpoints (`mixer.Wqkv`), written with gguf-py."""
+    env = dict(os.environ, PYTHONPATH=str(llama_cpp_dir / "gguf-py"))
+    subprocess.run([sys.executable, "-c", FUSE_QKV, str(src), str(out)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
     return out
 
 
@@ -74,27 +138,40 @@ def quantize(src, ftype_name):
 
 
 def main():
-    import llama_cpp
-    src_dir = llama_cpp_sources(llama_cpp.__version__)
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=",".join(CONVERTED), help="fixtures to convert (default: all)")
+    args = ap.parse_args()
+    src_dir = llama_cpp_sources(LLAMA_CPP_PYTHON)
     OUT.mkdir(parents=True, exist_ok=True)
-    made = []
-    # Not mistral: llama.cpp's converter drops its sliding window, so the result would not be
-    # comparable with the transformers goldens.
-    for name in ["llama", "qwen2"]:
-        made.append(convert(ROOT / "tests" / "fixtures" / name, name, src_dir))
-    for ftype in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]:
-        made.append(quantize(OUT / "llama-bf16.gguf", ftype))
+    for name in args.only.split(","):
+        out = convert(ROOT / "tests" / "fixtures" / name, name, src_dir)
+        print(out, out.stat().st_size)
+        if name == "phi":
+            fused = fuse_qkv(out, OUT / "phi-fused-qkv.gguf", src_dir)
+            print(fused, fused.stat().st_size)
+        if name == "llama":
+            try:
+                import llama_cpp
+            except ImportError:
+                print("llama-cpp-python is not installed: the quantised llama files are left as they are")
+                continue
+            assert llama_cpp.__version__ == LLAMA_CPP_PYTHON, llama_cpp.__version__
+            for ftype in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]:
+                out = quantize(OUT / "llama-bf16.gguf", ftype)
+                print(out, out.stat().st_size)
+    made = sorted(OUT.glob("*.gguf"))
     readme = OUT / "README.md"
     readme.write_text(
         "# GGUF golden fixtures\n\n"
         "Made by `python3 scripts/make_gguf_golden.py` with llama.cpp's own converter and quantiser "
-        f"(llama-cpp-python {llama_cpp.__version__}) from the Hugging Face fixtures next to this folder:\n\n"
+        f"(llama-cpp-python {LLAMA_CPP_PYTHON}) from the Hugging Face fixtures next to this folder:\n\n"
         + "".join(f"- `{p.name}` ({p.stat().st_size} bytes)\n" for p in made)
         + "\nThe `-bf16` files hold exactly the safetensors weights (llama-architecture q/k rows permuted as "
         "llama.cpp permutes them), so Kiln must reproduce the transformers goldens of the source folder. The "
-        "quantised files check Kiln's quantised kernels against dequantising at load.\n")
-    for p in made:
-        print(p, p.stat().st_size)
+        "quantised files check Kiln's quantised kernels against dequantising at load. `phi-fused-qkv.gguf` is "
+        "`phi-bf16.gguf` rewritten by gguf-py with each layer's q, k and v in one `attn_qkv` tensor, the form "
+        "llama.cpp's converter gives the original phi-2 checkpoints (`mixer.Wqkv`).\n")
 
 
 if __name__ == "__main__":

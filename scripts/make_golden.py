@@ -22,6 +22,12 @@ What it does, for each of four architectures (llama, mistral, qwen2, qwen3):
      the float32 logits at the last prompt position, 32 greedy tokens (never stopping at
      EOS) and the top1-top2 logit margin of every greedy step, in golden.json.
 
+Phi-3 (`--only phi3,phi3-longrope`): Phi3Config models with fused qkv/gate_up projections, a
+real SentencePiece tokenizer.model (which llama.cpp's phi3 converter needs) with tokenizer.json
+converted from it, a sliding window (phi3) or LongRoPE with partial rotary (phi3-longrope, whose
+prompts never cross the LongRoPE boundary while generating; kv_cache_crossing.json records what
+transformers' KV cache computes for one that does).
+
 Everything is seeded: running the script twice gives byte-identical files. It fails if any
 greedy margin is below MIN_MARGIN (so that an f32 reimplementation with a different summation
 order cannot flip an argmax), if any prompt is too long, or if a sanity check fails: the bare
@@ -56,9 +62,15 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma2Config,
+    Gemma3TextConfig,
     GenerationConfig,
+    GPT2Config,
     LlamaConfig,
+    LlamaTokenizer,
     MistralConfig,
+    Phi3Config,
+    PhiConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -72,6 +84,9 @@ MIN_MARGIN = 1e-3
 N_GREEDY = 32
 MAX_POS = 512
 PREFILL_BLOCK = 64
+# original_max_position_embeddings of the phi3-longrope fixture: the long prompt is longer, the
+# other prompts stay within it for all of their greedy steps (make_one asserts both).
+PHI3_ORIGINAL = 128
 
 # The GPT-2 style split regex as used by Qwen2/Qwen2.5/Qwen3 (tokenizer.json "Split" pre-tokenizer).
 QWEN_SPLIT_RE = (
@@ -126,6 +141,26 @@ def train_bytelevel_tokenizer(vocab_size=1000):
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return tok
+
+
+def train_gpt2_tokenizer(vocab_size=1000):
+    """Byte-level BPE laid out like GPT-2's own tokenizer.json: no normalizer, a ByteLevel
+    pre-tokenizer with GPT-2's regex (use_regex, add_prefix_space false), ByteLevel post-processor
+    and decoder, and `<|endoftext|>` appended after the BPE vocabulary (GPT-2's last id)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tok.add_special_tokens(["<|endoftext|>"])
     return tok
 
 
@@ -189,7 +224,88 @@ def train_llama_tokenizer(vocab_size=1000):
     return tok
 
 
+# Phi-3's added tokens (ids 32000, 32001, 32007, 32010 in Phi-3-mini), after the SentencePiece
+# vocabulary; the chat markers swallow the whitespace after them (`rstrip`), as Phi-3's do.
+PHI3_ADDED = [("<|endoftext|>", False), ("<|assistant|>", True), ("<|end|>", True), ("<|user|>", True)]
+
+
+def train_spm_tokenizer(vocab_size=1000):
+    """A real SentencePiece BPE model (Phi-3 ships Llama 2's tokenizer.model, which llama.cpp's
+    phi3 converter reads), trained with the `sentencepiece` package like Llama's: <unk>=0 <s>=1
+    </s>=2, the 256 byte pieces, byte fallback, identity normalisation, dummy prefix, digits split,
+    whitespace kept. tokenizer.json is transformers' conversion of that model (LlamaTokenizer
+    loaded from tokenizer.model), so both files tokenise alike (make_one checks it per prompt).
+    Returns the transformers tokenizer and the model's bytes."""
+    import io
+    import tempfile
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([line.rstrip("\n") for line in corpus_lines()]), model_writer=model,
+        model_type="bpe", vocab_size=vocab_size, byte_fallback=True, character_coverage=0.98,
+        normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
+        split_digits=True, allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        num_threads=1, shuffle_input_sentence=False, minloglevel=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "tokenizer.model"), "wb") as f:
+            f.write(model.getvalue())
+        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True, add_eos_token=False, legacy=False,
+                                             model_max_length=MAX_POS, clean_up_tokenization_spaces=False)
+    tok.add_special_tokens({"additional_special_tokens": [
+        tokenizers.AddedToken(t, rstrip=r, lstrip=False, normalized=False, special=True) for t, r in PHI3_ADDED]})
+    tok.pad_token = "<|endoftext|>"
+    tok.eos_token = "<|endoftext|>"  # Phi-3's tokenizer_config names it, not </s>
+    return tok, model.getvalue()
+
+
+def train_gemma_tokenizer(vocab_size=1000):
+    """Gemma-style SentencePiece BPE: <pad>=0 <eos>=1 <bos>=2 <unk>=3 <mask>=4, user-defined
+    <start_of_turn>=5 <end_of_turn>=6, <0x00>..<0xFF>, then learned pieces; byte fallback, no dummy
+    prefix, identity normalisation, digits split, whitespace-only pieces allowed (Gemma's trainer
+    options). Trained with `sentencepiece` (deterministic with one thread); transformers'
+    GemmaTokenizer converts tokenizer.model to tokenizer.json. Returns the tokenizer and the bytes of
+    tokenizer.model (which llama.cpp's converter reads)."""
+    import tempfile
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "tokenizer")
+        spm.SentencePieceTrainer.train(
+            input=CORPUS, model_prefix=prefix, model_type="bpe", vocab_size=vocab_size,
+            pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+            pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+            user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"], byte_fallback=True,
+            add_dummy_prefix=False, normalization_rule_name="identity", remove_extra_whitespaces=False,
+            split_digits=True, allow_whitespace_only_pieces=True, character_coverage=0.995,
+            num_threads=1, minloglevel=2, max_sentence_length=100000)
+        proto = sentencepiece_model_pb2.ModelProto()
+        with open(prefix + ".model", "rb") as f:
+            proto.ParseFromString(f.read())
+        # no paths of this machine in the file
+        proto.trainer_spec.input[:] = ["corpus.txt"]
+        proto.trainer_spec.model_prefix = "tokenizer"
+        model_bytes = proto.SerializeToString()
+        folder = os.path.join(tmp, "tok")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
+            f.write(model_bytes)
+        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": "GemmaTokenizer", "model_max_length": MAX_POS, "add_bos_token": True,
+                       "add_eos_token": False, "clean_up_tokenization_spaces": False}, f)
+        tok = AutoTokenizer.from_pretrained(folder)
+        for key in ("vocab_file", "is_local", "local_files_only"):
+            tok.init_kwargs.pop(key, None)
+    assert type(tok).__name__ == "GemmaTokenizer" and len(tok) == vocab_size, (type(tok), len(tok))
+    return tok, model_bytes
+
+
 def wrap_tokenizer(kind, eos_token):
+    if kind == "spm":
+        return train_spm_tokenizer()
+    if kind == "gemma":
+        return train_gemma_tokenizer()
     if kind == "llama":
         tok = train_llama_tokenizer()
         return PreTrainedTokenizerFast(
@@ -197,6 +313,16 @@ def wrap_tokenizer(kind, eos_token):
             bos_token="<s>",
             eos_token="</s>",
             unk_token="<unk>",
+            model_max_length=MAX_POS,
+            clean_up_tokenization_spaces=False,
+        )
+    if kind == "gpt2":
+        # as GPT-2's tokenizer_config: <|endoftext|> is bos, eos and unk; no pad token
+        return PreTrainedTokenizerFast(
+            tokenizer_object=train_gpt2_tokenizer(),
+            bos_token="<|endoftext|>",
+            eos_token="<|endoftext|>",
+            unk_token="<|endoftext|>",
             model_max_length=MAX_POS,
             clean_up_tokenization_spaces=False,
         )
@@ -295,24 +421,186 @@ MODELS = {
         gen_eos="list",  # eos_token_id = [<|im_end|>, <|endoftext|>] like Qwen3
         old_style_config=False,
     ),
+    # Phi-3-mini-4k style: fused qkv_proj and gate_up_proj, MHA, untied, Llama's SentencePiece
+    # tokenizer with Phi-3's added tokens, and a sliding window (2047 in the published model)
+    # shorter than the long prompt, applied on every layer as transformers 5 does.
+    "phi3": dict(
+        seed=5005,
+        tokenizer="spm",
+        config_cls=Phi3Config,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            sliding_window=24,
+            original_max_position_embeddings=MAX_POS,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            rms_norm_eps=1e-5,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<s>", eos="<|endoftext|>"),
+        gen_eos=["<|endoftext|>", "<|assistant|>", "<|end|>"],  # as Phi-3's generation_config
+        old_style_config=False,
+    ),
+    # Phi-3-128k / Phi-4-mini style: LongRoPE (short factors up to PHI3_ORIGINAL positions, long
+    # beyond: the long prompt takes the long ones, the others the short ones, none crosses while
+    # generating), partial rotary 0.75 (12 of 16 dimensions, 6 factors each), GQA, tied
+    # embeddings, no window; config.json in the published form (rope_scaling with "type",
+    # top-level rope_theta, partial_rotary_factor, original_max_position_embeddings).
+    "phi3-longrope": dict(
+        seed=6006,
+        tokenizer="spm",
+        config_cls=Phi3Config,
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            original_max_position_embeddings=PHI3_ORIGINAL,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.08, 1.19, 1.37, 1.66, 2.05],
+                "long_factor": [1.0, 2.7, 5.9, 11.3, 19.8, 33.6],
+            },
+            rms_norm_eps=1e-5,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<s>", eos="<|endoftext|>"),
+        gen_eos=["<|endoftext|>", "<|assistant|>", "<|end|>"],
+        old_style_config="longrope",
+    ),
+    "gpt2": dict(
+        seed=5007,
+        tokenizer="gpt2",
+        config_cls=GPT2Config,
+        common={},  # GPT-2's own config keys
+        config=dict(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=MAX_POS,
+            n_ctx=MAX_POS,  # as GPT-2's config.json; llama.cpp's converter reads it
+            n_inner=None,  # 4 * n_embd (llama.cpp's converter writes 4 * n_embd whatever n_inner says)
+            activation_function="gelu_new",
+            layer_norm_epsilon=1e-5,
+            tie_word_embeddings=True,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos=None, eos="<|endoftext|>"),
+        gen_eos="single",
+        old_style_config=False,
+        final_norm="transformer.ln_f.weight",
+        norm_suffixes=(".ln_1.weight", ".ln_2.weight"),
+        # biases everywhere: at 0.5 their position-independent sum drowns the tokens and the
+        # greedy continuations repeat one or two tokens
+        bias_std=0.1,
+    ),
+    "phi": dict(
+        seed=6009,
+        tokenizer="gpt2",
+        config_cls=PhiConfig,
+        # llama.cpp's converter writes feed_forward_length = 4 * hidden_size: keep it true
+        common=dict(COMMON, intermediate_size=256, hidden_act="gelu_new"),
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            # head_dim 16, 8 rotated dimensions (rotate-half pairs 0-3 with 4-7), 8 passed through
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            tie_word_embeddings=False,
+            layer_norm_eps=1e-5,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos=None, eos="<|endoftext|>"),
+        gen_eos="single",
+        old_style_config=False,
+        final_norm="model.final_layernorm.weight",
+        norm_suffixes=("norm.weight",),
+        bias_std=0.1,  # as gpt2
+    ),
+    "gemma2": dict(
+        seed=5010,
+        tokenizer="gemma",
+        config_cls=Gemma2Config,
+        config=dict(
+            hidden_act=None,  # Gemma reads hidden_activation
+            hidden_activation="gelu_pytorch_tanh",
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            # = head_dim: llama.cpp's gemma2 graph scales scores by head_dim^-0.5 whatever this says
+            query_pre_attn_scalar=16,
+            sliding_window=24,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=10.0,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            rms_norm_eps=1e-6,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<bos>", eos="<eos>"),
+        gen_eos="single",
+        old_style_config=False,
+        gemma=True,
+        kv_check_attn="eager",  # Gemma 2 has no sdpa path (soft-capping)
+    ),
+    "gemma3": dict(
+        seed=6006,
+        tokenizer="gemma",
+        config_cls=Gemma3TextConfig,
+        config=dict(
+            hidden_act=None,
+            hidden_activation="gelu_pytorch_tanh",
+            num_hidden_layers=6,  # sliding_window_pattern 6: five sliding layers, then a full one
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # != hidden_size / num_attention_heads = 16
+            query_pre_attn_scalar=32,  # = head_dim, as llama.cpp's gemma3 graph assumes
+            sliding_window=24,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            rms_norm_eps=1e-6,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos="<bos>", eos="<eos>", eos_extra="<end_of_turn>"),
+        gen_eos="list",  # eos_token_id = [<eos>, <end_of_turn>] like Gemma 3's generation_config
+        old_style_config=False,
+        gemma=True,
+    ),
 }
 
 
-def randomise_norms_and_biases(model, gen):
-    """Non-trivial RMSNorm weights and biases so that bugs in those paths change the output."""
+# Gemma's final norm, w of (1 + w): scales of both signs, so that with tied embeddings a token's own
+# embedding does not dominate its logits (a random model would otherwise repeat its last token).
+GEMMA_FINAL_NORM = (-3.0, 1.0)
+
+
+def randomise_norms_and_biases(model, gen, final_norm="model.norm.weight", norm_suffixes=("norm.weight",),
+                               bias_std=0.5, gemma=False):
+    """Non-trivial norm weights and biases so that bugs in those paths change the output.
+    Gemma's norms scale by (1 + w): w in [-0.5, 0.5] there, the final one GEMMA_FINAL_NORM."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "model.norm.weight":
+            if gemma and name.endswith("norm.weight"):
+                lo, hi = GEMMA_FINAL_NORM if name == final_norm else (-0.5, 0.5)
+                p.copy_(torch.empty(p.shape).uniform_(lo, hi, generator=gen))
+            elif name == final_norm:
                 # larger final norm: logits with std ~5, so greedy top1-top2 margins are not tiny
                 p.copy_(torch.empty(p.shape).uniform_(2.0, 4.0, generator=gen))
-            elif name.endswith("norm.weight"):
+            elif name.endswith(tuple(norm_suffixes)):
                 p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
             elif name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+                p.copy_(torch.randn(p.shape, generator=gen) * bias_std)
 
 
 def build_model(name, spec, folder):
     tok = wrap_tokenizer(spec["tokenizer"], spec["tokens"]["eos"])
+    spm_model = None
+    if isinstance(tok, tuple):
+        tok, spm_model = tok
     vocab_size = len(tok)
     if spec["tokens"]["bos"]:
         bos_id = tok.convert_tokens_to_ids(spec["tokens"]["bos"])
@@ -321,23 +609,28 @@ def build_model(name, spec, folder):
         bos_id = tok.convert_tokens_to_ids("<|endoftext|>")
     eos_id = tok.convert_tokens_to_ids(spec["tokens"]["eos"])
     pad_id = tok.pad_token_id
-    if spec["gen_eos"] == "list":
-        eos = [eos_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    if isinstance(spec["gen_eos"], list):
+        eos = [tok.convert_tokens_to_ids(t) for t in spec["gen_eos"]]
+    elif spec["gen_eos"] == "list":
+        eos = [eos_id, tok.convert_tokens_to_ids(spec["tokens"].get("eos_extra", "<|endoftext|>"))]
     else:
         eos = eos_id
 
+    fields = {**spec.get("common", COMMON), **spec["config"]}
+    fields = {k: v for k, v in fields.items() if not (k == "hidden_act" and v is None)}
     cfg = spec["config_cls"](
         vocab_size=vocab_size,
         bos_token_id=bos_id,
         eos_token_id=eos,
         pad_token_id=pad_id,
-        **COMMON,
-        **spec["config"],
+        **fields,
     )
     torch.manual_seed(spec["seed"])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     gen = torch.Generator().manual_seed(spec["seed"] + 7)
-    randomise_norms_and_biases(model, gen)
+    randomise_norms_and_biases(
+        model, gen, spec.get("final_norm", "model.norm.weight"), spec.get("norm_suffixes", ("norm.weight",)),
+        spec.get("bias_std", 0.5), gemma=spec.get("gemma", False))
     model.generation_config = GenerationConfig(
         bos_token_id=bos_id,
         eos_token_id=eos,
@@ -352,6 +645,9 @@ def build_model(name, spec, folder):
     os.makedirs(folder)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
+    if spm_model is not None:
+        with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
+            f.write(spm_model)
     return cfg
 
 
@@ -362,7 +658,6 @@ def rewrite_config_old_style(folder):
     with open(path, encoding="utf-8") as f:
         cfg = json.load(f)
     rope = cfg.pop("rope_parameters")
-    assert rope.get("rope_type", "default") == "default", rope
     out = {}
     for k, v in cfg.items():
         if k == "dtype":
@@ -370,7 +665,16 @@ def rewrite_config_old_style(folder):
         else:
             out[k] = v
     out["rope_theta"] = rope["rope_theta"]
-    out["rope_scaling"] = None
+    if rope.get("rope_type", "default") == "longrope":
+        # as Phi-3-128k / Phi-4-mini publish it: {"type", "short_factor", "long_factor"}, with
+        # partial_rotary_factor and original_max_position_embeddings at the top level
+        out["rope_scaling"] = {"long_factor": rope["long_factor"], "short_factor": rope["short_factor"],
+                               "type": "longrope"}
+        out["partial_rotary_factor"] = rope["partial_rotary_factor"]
+        assert out["original_max_position_embeddings"] == rope["original_max_position_embeddings"], (out, rope)
+    else:
+        assert rope.get("rope_type", "default") == "default", rope
+        out["rope_scaling"] = None
     out = dict(sorted(out.items()))
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2, sort_keys=True)
@@ -459,6 +763,10 @@ def make_one(name, spec, out_root):
         assert torch.equal(last_logits(model, probe), last_logits(before, probe)), "old-style config changed logits"
         del before
 
+    spm_proc = None
+    if os.path.exists(os.path.join(folder, "tokenizer.model")):
+        import sentencepiece as spm
+        spm_proc = spm.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
     cases = []
     for prompt in PROMPTS:
         enc = tok(prompt)
@@ -467,6 +775,9 @@ def make_one(name, spec, out_root):
         raw_ids = raw.encode(prompt, add_special_tokens=True).ids
         assert raw_ids == prompt_ids, (name, prompt, raw_ids, prompt_ids)
         assert raw.decode(prompt_ids, skip_special_tokens=True) == prompt, (name, prompt)
+        if spm_proc is not None:
+            # tokenizer.model (what llama.cpp's converter reads) splits like tokenizer.json
+            assert [tok.bos_token_id] + spm_proc.encode(prompt) == prompt_ids, (name, prompt)
         if spec["tokens"]["bos"]:
             assert prompt_ids[0] == tok.bos_token_id and prompt_ids.count(tok.bos_token_id) == 1, prompt_ids[:4]
         else:
@@ -485,7 +796,8 @@ def make_one(name, spec, out_root):
         })
 
     # Cross-check: sdpa attention + KV cache (another summation order) must give the same tokens.
-    other = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    other = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=spec.get("kv_check_attn", "sdpa")).eval()
     worst = 0.0
     for c in cases:
         first, toks = greedy_cached(other, c["prompt_token_ids"], N_GREEDY)
@@ -494,10 +806,17 @@ def make_one(name, spec, out_root):
     checks = {"sdpa_kv_cache_same_tokens_last_logits_max_abs_diff": worst}
     del other
 
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "longrope":
+        checks.update(check_longrope_cases(name, model, cases))
+        checks.update(record_longrope_crossing(folder, model, tok))
+
     long_len = len(cases[3]["prompt_token_ids"])
     assert long_len > 2 * PREFILL_BLOCK, (name, long_len)
 
-    if spec["config"].get("sliding_window"):
+    if spec.get("gemma"):
+        checks.update(check_gemma(folder, model, tok, spec))
+    elif spec["config"].get("sliding_window"):
         checks.update(check_sliding_window(folder, model, tok, spec["config"]["sliding_window"]))
 
     golden = {
@@ -523,6 +842,70 @@ def make_one(name, spec, out_root):
         "distinct_greedy": [len(set(c["greedy_token_ids"])) for c in cases],
         "checks": checks,
     }
+
+
+def check_longrope_cases(name, model, cases):
+    """transformers picks LongRoPE's long factors per forward call, when the call's last position
+    passes original_max_position_embeddings; a KV cache keeps the keys rotated before. The goldens
+    recompute every position (full forward), so no case may cross the boundary while generating
+    (the sdpa + KV-cache check above would fail too): each prompt is either longer than the
+    boundary, or stays within it for all its greedy steps. Both kinds must occur."""
+    original = model.config.rope_parameters["original_max_position_embeddings"]
+    assert original == PHI3_ORIGINAL, (name, original)
+    lens = [len(c["prompt_token_ids"]) for c in cases]
+    for n in lens:
+        assert n > original or n + N_GREEDY - 1 <= original, (name, n, original)
+    assert any(n > original for n in lens) and any(n <= original for n in lens), (name, lens, original)
+    return {"longrope_original_max_position_embeddings": original,
+            "longrope_prompts_using_long_factors": sum(n > original for n in lens)}
+
+
+LONGROPE_CROSSING_STEPS = 120
+
+
+@torch.no_grad()
+def record_longrope_crossing(folder, model, tok):
+    """What transformers computes when a sequence crosses LongRoPE's boundary while decoding with
+    a KV cache: the prompt (within the boundary) is prefilled with the short factors, each later
+    forward call takes the long factors once its position passes the boundary, and the cached keys
+    keep their short-factor rotation. Greedy through the cache (eager attention, plain forward
+    calls: not `generate`, whose Phi-3 override drops the cache at the crossing) from the code
+    prompt, past the boundary; writes kv_cache_crossing.json with the tokens, every step's margin
+    and the logits of the last step, which Kiln's KV cache must reproduce."""
+    original = model.config.rope_parameters["original_max_position_embeddings"]
+    ids = tok(PROMPTS[2])["input_ids"]
+    n = LONGROPE_CROSSING_STEPS
+    assert len(ids) <= original < len(ids) + n - 1, (len(ids), original)
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=True)
+    past, logits = getattr(out, key), out.logits[0, -1]
+    toks, margins = [], []
+    for _ in range(n):
+        nxt = int(torch.argmax(logits))
+        toks.append(nxt)
+        margins.append(margin(logits))
+        out = model(input_ids=torch.tensor([[nxt]], dtype=torch.long), use_cache=True, **{key: past})
+        past, logits = getattr(out, key), out.logits[0, -1]
+    assert min(margins) >= MIN_MARGIN, ("crossing margins", min(margins))
+    # The crossing matters: recomputing the whole sequence (every key with the long factors)
+    # gives other logits at the last step.
+    full = last_logits(model, ids + toks)
+    recompute_diff = float((full - logits).abs().max())
+    assert recompute_diff > 1e-3, recompute_diff
+    record = {
+        "prompt": PROMPTS[2],
+        "prompt_token_ids": ids,
+        "original_max_position_embeddings": original,
+        "greedy_token_ids": toks,
+        "step_logits_argmax_margin": margins,
+        "final_logits": f32_list(logits),
+        "final_position": len(ids) + n - 1,
+    }
+    with open(os.path.join(folder, "kv_cache_crossing.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    return {"longrope_crossing_min_margin": min(margins),
+            "longrope_crossing_vs_full_recompute_last_logits_max_abs_diff": recompute_diff}
 
 
 @torch.no_grad()
@@ -552,6 +935,39 @@ def check_sliding_window(folder, model, tok, window):
         "sliding_window_len_eq_window_diff": eq_diff,
         "sliding_window_len_window_plus_1_diff": gt_diff,
     }
+
+
+@torch.no_grad()
+def check_gemma(folder, model, tok, spec):
+    """The Gemma features must matter in transformers' float32 eager reference: the sliding window
+    (a window larger than any prompt changes the long prompt's logits, not a prompt of exactly
+    `window` tokens, but one of `window + 1`), each soft cap, and, in Gemma 3, the separate RoPE of
+    the sliding layers."""
+    window = spec["config"]["sliding_window"]
+    long_ids = tok(PROMPTS[3])["input_ids"]
+    base = last_logits(model, long_ids)
+
+    def diff(ids, **overrides):
+        other = load_f32(folder, **overrides)
+        return float((last_logits(other, ids) - last_logits(model, ids)).abs().max())
+
+    out = {"sliding_window_long_prompt_max_abs_logit_diff": diff(long_ids, sliding_window=4 * MAX_POS)}
+    assert out["sliding_window_long_prompt_max_abs_logit_diff"] > 1e-3, out
+    out["sliding_window_len_eq_window_diff"] = diff(long_ids[:window], sliding_window=4 * MAX_POS)
+    out["sliding_window_len_window_plus_1_diff"] = diff(long_ids[: window + 1], sliding_window=4 * MAX_POS)
+    assert out["sliding_window_len_eq_window_diff"] == 0.0, out
+    assert out["sliding_window_len_window_plus_1_diff"] > 0.0, out
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if spec["config"].get(key):
+            out[f"{key}_removed_diff"] = diff(long_ids, **{key: None})
+            assert out[f"{key}_removed_diff"] > 1e-3, out
+    rope = spec["config"]["rope_parameters"]
+    if "sliding_attention" in rope:
+        same = {"full_attention": rope["full_attention"], "sliding_attention": rope["full_attention"]}
+        out["sliding_rope_as_full_diff"] = diff(long_ids, rope_parameters=same)
+        assert out["sliding_rope_as_full_diff"] > 1e-3, out
+    assert torch.isfinite(base).all()
+    return out
 
 
 def main():

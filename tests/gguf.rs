@@ -60,9 +60,11 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32
 
 #[test]
 fn llama_cpp_converted_files_reproduce_the_transformers_goldens() {
-    // (Not mistral: llama.cpp's converter drops Mistral's sliding window, so its GGUF means full
-    // attention and rightly differs from transformers on prompts longer than the window.)
-    for name in ["llama", "qwen2"] {
+    // Every `NAME-bf16.gguf` converted from the Hugging Face fixture `NAME`. (Not mistral:
+    // llama.cpp's converter drops Mistral's sliding window, so its GGUF means full attention and
+    // rightly differs from transformers on prompts longer than the window.)
+    for name in converted_fixtures() {
+        let name = name.as_str();
         let golden: Golden =
             serde_json::from_str(&std::fs::read_to_string(fixtures().join(name).join("golden.json")).unwrap()).unwrap();
         let mut session = open(&format!("{name}-bf16.gguf"), None);
@@ -86,6 +88,49 @@ fn llama_cpp_converted_files_reproduce_the_transformers_goldens() {
         }
         eprintln!("{name}-bf16.gguf: max |logit diff| vs transformers = {worst:e}");
     }
+}
+
+#[test]
+fn phi2_fused_qkv_reads_the_same_weights_through_row_views() {
+    // The same phi fixture with each layer's q, k and v stored as one `attn_qkv` tensor (as
+    // llama.cpp converts the original phi-2 checkpoints): q, k and v become row views of it,
+    // and every number must be the same as with separate tensors.
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("phi/golden.json")).unwrap()).unwrap();
+    let mut fused = open("phi-fused-qkv.gguf", None);
+    let mut separate = open("phi-bf16.gguf", None);
+    assert!(fused.spec.weight_named("blk.1.attn_qkv.weight").is_some());
+    assert!(fused.spec.weight_named("blk.1.attn_q.weight").is_none());
+    for (i, case) in golden.cases.iter().enumerate() {
+        let (a_tokens, a_logits) = greedy(&mut fused, &case.prompt_token_ids, case.greedy_token_ids.len());
+        let (_, b_logits) = greedy(&mut separate, &case.prompt_token_ids, 1);
+        assert_eq!(a_logits, b_logits, "phi case {i}: fused and separate q/k/v differ");
+        assert_eq!(
+            a_tokens, case.greedy_token_ids,
+            "phi case {i}: greedy continuation differs"
+        );
+    }
+}
+
+/// The fixtures with a bf16 GGUF made by llama.cpp's converter (`NAME-bf16.gguf` beside the
+/// folder `NAME`), sorted; llama and qwen2 must be among them.
+fn converted_fixtures() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixtures().join("gguf"))
+        .expect("tests/fixtures/gguf")
+        .filter_map(|e| {
+            let file = e.expect("entry").file_name().to_string_lossy().into_owned();
+            file.strip_suffix("-bf16.gguf").map(str::to_string)
+        })
+        .filter(|n| fixtures().join(n).join("golden.json").is_file())
+        .collect();
+    names.sort();
+    for known in ["llama", "qwen2"] {
+        assert!(
+            names.iter().any(|n| n == known),
+            "{known}-bf16.gguf missing from {names:?}"
+        );
+    }
+    names
 }
 
 fn kiln(cache: &Path, args: &[&str]) -> std::process::Output {

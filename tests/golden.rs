@@ -14,7 +14,6 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-const MODELS: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 const LOGIT_TOLERANCE: f32 = 1e-3;
 
 #[derive(Deserialize)]
@@ -28,6 +27,27 @@ struct Case {
     prompt_token_ids: Vec<u32>,
     greedy_token_ids: Vec<u32>,
     last_logits: Vec<f32>,
+}
+
+/// Every fixture folder with a `golden.json` (one per architecture variant), sorted: adding a
+/// fixture adds it to the checks below. The Llama-family four must be among them, so a moved
+/// folder cannot make the checks pass on nothing.
+fn models() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .expect("tests/fixtures")
+        .map(|e| e.expect("fixture entry").path())
+        .filter(|p| p.join("golden.json").is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for known in ["llama", "mistral", "qwen2", "qwen3"] {
+        assert!(
+            names.iter().any(|n| n == known),
+            "fixture {known} missing from {names:?}"
+        );
+    }
+    names
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -126,8 +146,8 @@ fn check_session(name: &str, mut session: Session, what: &str) -> f32 {
 
 #[test]
 fn greedy_output_and_logits_match_transformers() {
-    for name in MODELS {
-        check_model(name, 2, None);
+    for name in models() {
+        check_model(&name, 2, None);
     }
 }
 
@@ -136,7 +156,7 @@ fn narrower_vectors_match_transformers_too() {
     // The code an AVX2 (8 lanes) or SSE-width (4 lanes) machine gets: other row groupings,
     // tiles and reduction trees, checked on whatever machine runs the tests.
     for lanes in [8, 4] {
-        for name in ["llama", "qwen3"] {
+        for name in ["llama", "qwen3", "gemma2"] {
             check_model_with(name, 2, None, Some(lanes));
         }
     }
@@ -153,7 +173,16 @@ fn avx2_level_code_matches_transformers_too() {
         return;
     }
     let asm = tempfile::tempdir().expect("asm dir");
-    for name in ["llama", "qwen2", "qwen3"] {
+    for name in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "phi3-longrope",
+        "gpt2",
+        "phi",
+        "gemma2",
+        "gemma3",
+    ] {
         let session = open_opts(
             name,
             OpenOptions {
@@ -184,7 +213,9 @@ fn long_prompt_spans_many_small_prefill_blocks() {
     // The long golden prompt has ~270 tokens: with 8-row blocks that is 34 blocks and a
     // partial one, exercising block boundaries, the sliding window across blocks and the
     // head reading the last row of a partial block.
-    for name in ["mistral", "qwen3"] {
+    // phi3: its window across blocks; phi3-longrope: every block of one call takes the long
+    // factors, chosen by the call's sequence end.
+    for name in ["mistral", "qwen3", "phi3", "phi3-longrope", "gemma3"] {
         let long = golden(name)
             .cases
             .iter()
@@ -214,7 +245,8 @@ fn single_thread_gives_bitwise_identical_logits() {
 
 #[test]
 fn prefill_and_decode_agree_position_by_position() {
-    for name in MODELS {
+    for name in models() {
+        let name = name.as_str();
         let case = golden(name)
             .cases
             .into_iter()
@@ -224,16 +256,22 @@ fn prefill_and_decode_agree_position_by_position() {
         let mut session = open(name, 2, None);
         // Decode the whole prompt one token at a time after a one-token prefill, keeping the
         // logits at every position.
-        session.engine.reset();
-        let mut decoded = vec![session.engine.prefill(&ids[..1]).unwrap().to_vec()];
-        for &t in &ids[1..] {
-            decoded.push(session.engine.decode(t).unwrap().to_vec());
-        }
+        let decoded = decode_after_prefill(&mut session, ids, 1);
+        // LongRoPE takes its long factors once a call's sequence passes `original` positions,
+        // and cached keys keep the rotation they were given (as transformers with a KV cache),
+        // so past that point the prefill is compared with a decode that started from a prefill
+        // already past it: both sides then rotate every key with the long factors.
+        let long_from = longrope_original(&session.spec).filter(|&o| o + 1 < ids.len());
+        let decoded_long = long_from.map(|o| decode_after_prefill(&mut session, ids, o + 1));
         let mut worst = 0.0f32;
         for t in [0, 1, 7, 63, 64, 65, 130, ids.len() - 1] {
             session.engine.reset();
             let prefilled = session.engine.prefill(&ids[..=t]).unwrap().to_vec();
-            let diff = max_abs_diff(&prefilled, &decoded[t]);
+            let reference = match (long_from, &decoded_long) {
+                (Some(o), Some(long)) if t >= o => &long[t],
+                _ => &decoded[t],
+            };
+            let diff = max_abs_diff(&prefilled, reference);
             worst = worst.max(diff);
             // Every output is computed by the same arithmetic in both regimes (one accumulator
             // per output, the same k order and lane-summing tree), so they agree exactly.
@@ -244,6 +282,56 @@ fn prefill_and_decode_agree_position_by_position() {
         }
         eprintln!("{name}: prefill vs decode max |diff| = {worst:e}");
     }
+}
+
+/// The logits at every position from `first - 1` on (earlier ones empty) of prefilling
+/// `ids[..first]` and decoding the rest one token at a time.
+fn decode_after_prefill(session: &mut Session, ids: &[u32], first: usize) -> Vec<Vec<f32>> {
+    session.engine.reset();
+    let mut out = vec![Vec::new(); first - 1];
+    out.push(session.engine.prefill(&ids[..first]).unwrap().to_vec());
+    for &t in &ids[first..] {
+        out.push(session.engine.decode(t).unwrap().to_vec());
+    }
+    out
+}
+
+/// The pretraining context of a LongRoPE model, past which it takes its long factors.
+fn longrope_original(spec: &kiln_core::ModelSpec) -> Option<usize> {
+    match spec.rope.as_ref().map(|r| &r.scaling) {
+        Some(kiln_core::rope::RopeScaling::LongRope {
+            original_max_position_embeddings,
+            ..
+        }) => Some(*original_max_position_embeddings),
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+struct Crossing {
+    prompt_token_ids: Vec<u32>,
+    original_max_position_embeddings: usize,
+    greedy_token_ids: Vec<u32>,
+    final_logits: Vec<f32>,
+}
+
+#[test]
+fn longrope_crossing_while_decoding_matches_transformers_kv_cache() {
+    // A sequence that passes LongRoPE's original context while decoding: the keys cached before
+    // keep their short-factor rotation, later rows take the long factors, as transformers' KV
+    // cache computes it (kv_cache_crossing.json, made by make_golden.py; recomputing everything
+    // with the long factors would move those logits by ~15).
+    let path = fixture("phi3-longrope").join("kv_cache_crossing.json");
+    let c: Crossing = serde_json::from_str(&std::fs::read_to_string(path).expect("crossing json")).unwrap();
+    let (ids, n) = (&c.prompt_token_ids, c.greedy_token_ids.len());
+    assert!(ids.len() <= c.original_max_position_embeddings && ids.len() + n > c.original_max_position_embeddings);
+    let mut session = open("phi3-longrope", 2, None);
+    let (tokens, _) = greedy(&mut session, ids, n);
+    assert_eq!(tokens, c.greedy_token_ids, "greedy tokens across the LongRoPE boundary");
+    let last = session.engine.decode(*tokens.last().unwrap()).unwrap().to_vec();
+    let diff = max_abs_diff(&last, &c.final_logits);
+    eprintln!("phi3-longrope crossing at decode: final-step max |logit diff| = {diff:e}");
+    assert!(diff <= LOGIT_TOLERANCE, "logits after crossing differ by {diff}");
 }
 
 #[test]

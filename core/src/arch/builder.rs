@@ -194,6 +194,53 @@ impl Builder {
         });
     }
 
+    /// The token embedding table `[vocab, hidden]` (named `hf` or `gguf`, as the format names it)
+    /// and the operation that fills the residual stream from it (`* scale` where given); returns
+    /// the table, which a tied head reads.
+    pub fn embed_tokens(&mut self, hf: &str, gguf: &str, scale: Option<F32Bits>) -> WeightId {
+        let (vocab, hidden) = (self.spec.dims.vocab_size, self.spec.dims.hidden_size);
+        let name = self.name(hf, gguf);
+        let table = self.matrix(name, vocab, hidden);
+        let (tokens, out) = (self.tokens(), self.residual());
+        self.op(OpKind::Embed {
+            tokens,
+            table,
+            out,
+            scale,
+            positions: None,
+        });
+        table
+    }
+
+    /// The output head as the Llama-style families name it: after the last layer, the final
+    /// norm (`model.norm` / `output_norm`, of `kind`) of the residual stream, then `logits =
+    /// softcap(head @ norm(x))` with the head `lm_head` / `output`, or the embedding `embed`
+    /// when `tied`.
+    pub fn norm_and_head(&mut self, kind: NormKind, eps: f32, embed: WeightId, tied: bool, softcap: Option<F32Bits>) {
+        let (hidden, vocab) = (self.spec.dims.hidden_size, self.spec.dims.vocab_size);
+        self.head();
+        let norm_name = self.name("model.norm.weight", "output_norm.weight");
+        let final_norm = self.vector(norm_name, hidden);
+        let head = if tied {
+            embed
+        } else {
+            let name = self.name("lm_head.weight", "output.weight");
+            self.matrix(name, vocab, hidden)
+        };
+        let (x, xn, logits) = (self.residual(), self.buffer("xn", hidden), self.logits());
+        self.norm(x, xn, norm(kind, eps, final_norm, None), false);
+        let w = self.whole(head);
+        self.op(OpKind::Linear {
+            x: xn,
+            w,
+            bias: None,
+            out: logits,
+            accumulate: false,
+            act: None,
+            softcap,
+        });
+    }
+
     /// Self-attention from projected `q`, `k`, `v` into `out`: per-head norms, rotary
     /// embedding and the cache write, then attention over this layer's caches.
     pub fn attend(&mut self, a: &Attend, q: BufId, k: BufId, v: BufId, out: BufId) {

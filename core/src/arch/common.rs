@@ -5,6 +5,7 @@
 use super::Defaults;
 use super::params::{ArchError, Cfg, MAX_DIM, MAX_LAYERS, MAX_POSITIONS, keys};
 use crate::ops::Act;
+use crate::spec::Dims;
 
 /// The attention shape: query heads, key/value heads, head size.
 #[derive(Clone, Copy, Debug)]
@@ -12,6 +13,49 @@ pub struct Heads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// The shape hyperparameters decoders of the Llama lineage read under the standard keys.
+pub struct Shape {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    pub heads: Heads,
+    pub max_positions: usize,
+}
+
+/// [`Shape`] from `hidden_size`, `intermediate_size`, `num_hidden_layers`, the vocabulary, the
+/// heads and `max_position_embeddings` (GGUF: their llama.cpp names), checked in that order.
+pub fn shape(c: Cfg, d: &Defaults) -> Result<Shape, ArchError> {
+    let hidden = hidden(c, keys::HIDDEN)?;
+    let intermediate = self::hidden(c, keys::INTERMEDIATE)?;
+    let layers = layers(c, keys::LAYERS)?;
+    let vocab = vocab(c, "token_embd.weight", hidden)?;
+    let heads = heads(c, d, hidden, keys::HEADS)?;
+    let max_positions = max_positions(c, d, keys::MAX_POSITIONS)?;
+    Ok(Shape {
+        hidden,
+        intermediate,
+        layers,
+        vocab,
+        heads,
+        max_positions,
+    })
+}
+
+/// The dimensions a decoder's spec records, from the hyperparameters read and checked above.
+pub fn dims(hidden: usize, intermediate: usize, layers: usize, h: &Heads, vocab: usize, max_positions: usize) -> Dims {
+    Dims {
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_layers: layers,
+        num_heads: h.heads,
+        num_kv_heads: h.kv_heads,
+        head_dim: h.head_dim,
+        vocab_size: vocab,
+        max_position_embeddings: max_positions,
+    }
 }
 
 /// `hidden_size` (or the arch's own key), checked positive.

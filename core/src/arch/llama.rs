@@ -19,7 +19,7 @@ use super::rope_cfg;
 use super::{Architecture, Defaults};
 use crate::graph::{OpKind, QkNormOp};
 use crate::ops::{F32Bits, NormKind, Pairing};
-use crate::spec::{Dims, Layout, ModelSpec, Role, WeightId};
+use crate::spec::{Layout, ModelSpec, Role, WeightId};
 
 /// Which optional parts a layer has.
 struct Parts {
@@ -32,12 +32,14 @@ struct Parts {
 pub fn build(p: &dyn Params, arch: &Architecture) -> Result<ModelSpec, ArchError> {
     let c = Cfg::new(p);
     let d = &arch.defaults;
-    let hidden = common::hidden(c, keys::HIDDEN)?;
-    let intermediate = common::hidden(c, keys::INTERMEDIATE)?;
-    let layers = common::layers(c, keys::LAYERS)?;
-    let vocab = common::vocab(c, "token_embd.weight", hidden)?;
-    let h = common::heads(c, d, hidden, keys::HEADS)?;
-    let max_positions = common::max_positions(c, d, keys::MAX_POSITIONS)?;
+    let common::Shape {
+        hidden,
+        intermediate,
+        layers,
+        vocab,
+        heads: h,
+        max_positions,
+    } = common::shape(c, d)?;
     let eps = common::eps(c, keys::RMS_EPS, 1e-6)?;
     let act = common::activation(c, keys::ACT, "silu")?;
     let tied = common::tied(c, d, "output.weight")?;
@@ -47,30 +49,12 @@ pub fn build(p: &dyn Params, arch: &Architecture) -> Result<ModelSpec, ArchError
 
     let mut b = Builder::new(
         arch.name,
-        Dims {
-            hidden_size: hidden,
-            intermediate_size: intermediate,
-            num_layers: layers,
-            num_heads: h.heads,
-            num_kv_heads: h.kv_heads,
-            head_dim: h.head_dim,
-            vocab_size: vocab,
-            max_position_embeddings: max_positions,
-        },
+        common::dims(hidden, intermediate, layers, &h, vocab, max_positions),
         c.format(),
     );
     let rotary = rope.rotary(dims, Pairing::Half);
     b.set_rope(rope);
-    let embed_name = b.name("model.embed_tokens.weight", "token_embd.weight");
-    let embed = b.matrix(embed_name, vocab, hidden);
-    let (tokens, x) = (b.tokens(), b.residual());
-    b.op(OpKind::Embed {
-        tokens,
-        table: embed,
-        out: x,
-        scale: None,
-        positions: None,
-    });
+    let embed = b.embed_tokens("model.embed_tokens.weight", "token_embd.weight", None);
     let permuted = c.is_gguf() && arch.name == "llama";
     for (l, window) in windows.into_iter().enumerate() {
         b.layer(l);
@@ -86,19 +70,7 @@ pub fn build(p: &dyn Params, arch: &Architecture) -> Result<ModelSpec, ArchError
         };
         layer(&mut b, &h, intermediate, &parts, permuted, eps, act, attend);
     }
-    b.head();
-    let norm_name = b.name("model.norm.weight", "output_norm.weight");
-    let final_norm = b.vector(norm_name, hidden);
-    let head = if tied {
-        embed
-    } else {
-        let name = b.name("lm_head.weight", "output.weight");
-        b.matrix(name, vocab, hidden)
-    };
-    let (xn, logits) = (b.buffer("xn", hidden), b.logits());
-    b.norm(x, xn, norm(NormKind::Rms, eps, final_norm, None), false);
-    let head = b.whole(head);
-    b.linear(xn, head, None, logits, false);
+    b.norm_and_head(NormKind::Rms, eps, embed, tied, None);
     b.finish()
 }
 

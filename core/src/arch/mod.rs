@@ -8,12 +8,22 @@
 
 mod builder;
 mod common;
+mod gemma;
+mod gpt2;
 mod llama;
 pub mod params;
+mod phi;
+mod phi3;
 pub mod rope_cfg;
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_gemma;
+#[cfg(test)]
+mod tests_gpt2_phi;
+#[cfg(test)]
+mod tests_phi3;
 
 pub use builder::{Attend, Builder};
 pub use params::{ArchError, Cfg, Format, HfConfig, Key, Params};
@@ -105,6 +115,49 @@ pub static ARCHITECTURES: &[Architecture] = &[
         gguf: &["qwen3"],
         defaults: defaults(32768, Some(32), Some(128), false),
         build: llama::build,
+    },
+    Architecture {
+        name: "phi3",
+        hf: &["Phi3ForCausalLM"],
+        model_types: &["phi3"],
+        gguf: &["phi3"],
+        defaults: defaults(4096, None, None, false),
+        build: phi3::build,
+    },
+    Architecture {
+        name: "gpt2",
+        hf: &["GPT2LMHeadModel"],
+        model_types: &["gpt2"],
+        gguf: &["gpt2"],
+        defaults: defaults(1024, None, None, true),
+        build: gpt2::build,
+    },
+    Architecture {
+        name: "phi",
+        hf: &["PhiForCausalLM"],
+        model_types: &["phi"],
+        gguf: &["phi2"],
+        defaults: defaults(2048, None, None, false),
+        build: phi::build,
+    },
+    Architecture {
+        name: "gemma2",
+        hf: &["Gemma2ForCausalLM"],
+        model_types: &["gemma2"],
+        gguf: &["gemma2"],
+        defaults: defaults(8192, Some(4), Some(256), true),
+        build: gemma::build,
+    },
+    Architecture {
+        name: "gemma3",
+        hf: &["Gemma3ForCausalLM"],
+        model_types: &["gemma3_text"],
+        gguf: &["gemma3"],
+        defaults: Defaults {
+            rope_theta: 1_000_000.0,
+            ..defaults(131072, Some(4), Some(256), true)
+        },
+        build: gemma::build,
     },
 ];
 

@@ -11,6 +11,28 @@ const HF_TYPES: &str = "default, linear, llama3, longrope";
 /// dict, else the top level, else `default_theta`. Returns the RoPE and the dict's
 /// `partial_rotary_factor`, if it has one.
 pub fn hf_rope(c: Cfg, max_positions: usize, default_theta: f64) -> Result<(Rope, Option<f64>), ArchError> {
+    hf_rope_with(c, max_positions, default_theta, &HfRopeRules::default())
+}
+
+/// Where a config class standardises its RoPE dict differently from the common rules.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HfRopeRules {
+    /// The class's `original_max_position_embeddings` attribute (Phi-3: 4096). `transformers`
+    /// copies the attribute (the top-level field, else this default) over the dict's value for
+    /// "longrope" (and the types read as it), but not for "su", which it renames only after
+    /// that copy: there the dict's value wins.
+    pub class_original: Option<usize>,
+    /// Further `rope_type`s read as "longrope" (Phi-3: "yarn"); "su" always is.
+    pub longrope_aliases: &'static [&'static str],
+}
+
+/// [`hf_rope`] with a config class's own [`HfRopeRules`].
+pub fn hf_rope_with(
+    c: Cfg,
+    max_positions: usize,
+    default_theta: f64,
+    rules: &HfRopeRules,
+) -> Result<(Rope, Option<f64>), ArchError> {
     let dict = rope_dict(c)?;
     let top_theta = c.positive(keys::ROPE_THETA)?;
     let Some(p) = dict else {
@@ -28,7 +50,7 @@ pub fn hf_rope(c: Cfg, max_positions: usize, default_theta: f64) -> Result<(Rope
             prefixed(&*p, "").trim_end_matches('.')
         )));
     }
-    hf_rope_dict(c, &*p, top_theta, max_positions, default_theta)
+    hf_rope_dict_with(c, &*p, top_theta, max_positions, default_theta, rules)
 }
 
 /// The dict of RoPE parameters: `rope_scaling`, else `rope_parameters`.
@@ -55,18 +77,36 @@ pub fn hf_rope_dict(
     max_positions: usize,
     default_theta: f64,
 ) -> Result<(Rope, Option<f64>), ArchError> {
+    hf_rope_dict_with(c, p, top_theta, max_positions, default_theta, &HfRopeRules::default())
+}
+
+/// [`hf_rope_dict`] with a config class's own [`HfRopeRules`].
+pub fn hf_rope_dict_with(
+    c: Cfg,
+    p: &dyn Params,
+    top_theta: Option<f64>,
+    max_positions: usize,
+    default_theta: f64,
+    rules: &HfRopeRules,
+) -> Result<(Rope, Option<f64>), ArchError> {
     let d = Cfg::new(p);
     let theta = d.positive(keys::ROPE_THETA)?.or(top_theta).unwrap_or(default_theta);
     let partial = d.positive(keys::PARTIAL_ROTARY)?;
-    let rope_type = match d.str(Key::hf("rope_type"))? {
+    let mut rope_type = match d.str(Key::hf("rope_type"))? {
         Some(t) => t,
         None => d.str(Key::hf("type"))?.unwrap_or_else(|| "default".into()),
     };
+    let su = rope_type == "su";
+    if rules.longrope_aliases.contains(&rope_type.as_str()) {
+        rope_type = "longrope".into();
+    }
     let original = || -> Result<f64, ArchError> {
         let key = Key::hf("original_max_position_embeddings");
-        Ok(match c.positive(key)? {
-            Some(v) => v,
-            None => d.positive(key)?.unwrap_or(max_positions as f64),
+        let (top, dict) = (c.positive(key)?, d.positive(key)?);
+        Ok(match rules.class_original {
+            None => top.or(dict).unwrap_or(max_positions as f64),
+            Some(class) if su => dict.or(top).unwrap_or(class as f64),
+            Some(class) => top.unwrap_or(class as f64),
         })
     };
     let factor = Key::hf("factor");

@@ -30,7 +30,7 @@ fn qwen25_05b() -> Value {
 /// Checks that between two barriers no step reads or writes a buffer another step of the same
 /// phase writes (the threads of one phase run its steps without waiting for each other), and
 /// that every barrier is needed (removing it would break that).
-fn assert_barriers_exact(g: &Graph, what: &str) {
+pub(crate) fn assert_barriers_exact(g: &Graph, what: &str) {
     let buffers = |s: &Step| -> (BTreeSet<BufId>, BTreeSet<BufId>) {
         let writes = s
             .kernel
@@ -64,7 +64,7 @@ fn assert_barriers_exact(g: &Graph, what: &str) {
 }
 
 /// The kernel families of the steps of layer `l`.
-fn layer_families(g: &Graph, l: usize) -> Vec<&'static str> {
+pub(crate) fn layer_families(g: &Graph, l: usize) -> Vec<&'static str> {
     g.steps
         .iter()
         .filter(|s| s.layer == Some(l))

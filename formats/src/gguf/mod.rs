@@ -42,6 +42,8 @@ pub mod weights;
 mod special_files_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_phi3;
 
 pub use error::GgufError;
 pub use parse::{GgufHeader, TensorInfo, Value};

