@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, anyhow};
 use kiln_engine::engine::{Engine, EngineError};
 use kiln_text::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
 use kiln_text::generate::{self, GenerateOptions, Generation, Model, Part, StopReason, ThinkFilter};
-use kiln_text::sampler::{Sampler, SamplingParams};
+use kiln_text::sampler::{ResolvedSampling, Sampler, SamplingChoice, SamplingParams};
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, IsTerminal as _, Write};
@@ -218,7 +218,11 @@ pub struct ChatArgs {
     pub think: bool,
     /// Per reply; `None`: until the end of the turn or a full context.
     pub max_tokens: Option<usize>,
+    /// The flags over Kiln's defaults (checked before the model is opened).
     pub sampling: SamplingParams,
+    /// Which of the keys a model can set the user gave: the others come from the model's
+    /// generation_config.json when it states them.
+    pub sampling_flags: SamplingChoice,
     pub stop: Vec<String>,
     pub ctx: Option<usize>,
     pub json: bool,
@@ -242,6 +246,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         &args.model,
         "kiln chat needs one: use `kiln run` with a raw prompt",
     )?;
+    let sampling = SamplingChoice::resolve(&args.sampling_flags, &prepared.sampling, args.sampling);
     let session = prepared.into_session(&opts)?;
     let interactive = std::io::stdin().is_terminal();
     // At the prompt a terminal's Ctrl-C is a key for the line editor; a piped session ends.
@@ -251,7 +256,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         OnInterrupt::Exit
     };
     interrupt::set(idle);
-    let mut chat = Chat::new(session, template, args, idle);
+    let mut chat = Chat::new(session, template, args, sampling, idle);
     let mut input = Input::new(interactive)?;
     chat.ready(&args.model)?;
     loop {
@@ -286,9 +291,8 @@ enum Input {
 impl Input {
     fn new(interactive: bool) -> Result<Input> {
         Ok(if interactive {
-            Input::Editor(Box::new(
-                rustyline::DefaultEditor::new().context("starting the line editor")?,
-            ))
+            let editor = interrupt::keeping_handler(rustyline::DefaultEditor::new)?;
+            Input::Editor(Box::new(editor.context("starting the line editor")?))
         } else {
             Input::Plain(std::io::stdin().lock())
         })
@@ -401,6 +405,8 @@ struct Chat {
     /// The ids whose keys and values are in the KV cache (`engine.position()` of them).
     cached: Vec<u32>,
     sampler: Sampler,
+    /// The sampling values used and where they came from.
+    sampling: ResolvedSampling,
     options: GenerateOptions,
     /// A message that did not fit in the context, resent after `/drop` or `/reset`.
     pending: Option<String>,
@@ -415,7 +421,13 @@ struct Chat {
 }
 
 impl Chat {
-    fn new(session: Session, template: ChatTemplate, args: &ChatArgs, idle: OnInterrupt) -> Chat {
+    fn new(
+        session: Session,
+        template: ChatTemplate,
+        args: &ChatArgs,
+        sampling: ResolvedSampling,
+        idle: OnInterrupt,
+    ) -> Chat {
         let render = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: thinking_option(&session.tokenizer, args.think),
@@ -425,14 +437,15 @@ impl Chat {
         };
         let options = GenerateOptions {
             max_tokens: args.max_tokens.unwrap_or(usize::MAX),
-            sampling: args.sampling,
+            sampling: sampling.params,
             eos_token_ids: chat_stop_ids(&session.tokenizer, session.eos_token_ids()),
             show_special: false,
             stop: args.stop.clone(),
             cancel: Some(interrupt::cancel_flag()),
         };
         Chat {
-            sampler: Sampler::new(args.sampling),
+            sampler: Sampler::new(sampling.params),
+            sampling,
             session,
             template,
             render,
@@ -481,6 +494,7 @@ impl Chat {
             "model": self.session.dir.display().to_string(),
             "ctx": engine.ctx(),
             "seed": self.sampler.seed(),
+            "sampling": crate::commands::sampling_report(&self.sampling, self.sampler.seed()),
             "enable_thinking": self.render.enable_thinking,
             "cache_hit": self.session.library.cache_hit(),
             "compile_s": self.session.library.compile_seconds,

@@ -13,7 +13,7 @@ use kiln_core::HostCpu;
 use kiln_engine::probe::{ProbeResult, probe_buffer_bytes, probe_kernels, run_probe};
 use kiln_text::chat_template::RenderOptions;
 use kiln_text::generate::{GenerateOptions, Generation, StopReason, generate};
-use kiln_text::sampler::SamplingParams;
+use kiln_text::sampler::{ResolvedSampling, SamplingChoice, SamplingParams};
 use serde_json::json;
 use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
@@ -92,7 +92,11 @@ pub struct RunArgs {
     /// (with `chat`).
     pub think: bool,
     pub max_tokens: usize,
+    /// The flags over Kiln's defaults (checked before the model is opened).
     pub sampling: SamplingParams,
+    /// Which of the keys a model can set the user gave: the others come from the model's
+    /// generation_config.json when it states them.
+    pub sampling_flags: SamplingChoice,
     /// Stop strings (not printed).
     pub stop: Vec<String>,
     pub ctx: Option<usize>,
@@ -143,6 +147,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             prepared.spec.dims.max_position_embeddings
         );
     }
+    let sampling = SamplingChoice::resolve(&args.sampling_flags, &prepared.sampling, args.sampling);
     let mut session = prepared.into_session(&opts)?;
     // From here the first Ctrl-C stops generation and the second ends the process.
     interrupt::set(OnInterrupt::CancelThenExit);
@@ -156,7 +161,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     };
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
-        sampling: args.sampling,
+        sampling: sampling.params,
         eos_token_ids,
         show_special: args.show_special,
         stop: args.stop.clone(),
@@ -174,7 +179,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     sink.finish()?;
     crate::bench::write_profile(&session)?;
     if args.json {
-        outln!("{}", run_report(&session, &generation))?;
+        outln!("{}", run_report(&session, &generation, &sampling))?;
     } else if !args.quiet {
         errln!(
             "[{} prompt tokens, {:.1} tok/s prefill; {} generated, {:.1} tok/s decode; {}{}]",
@@ -223,8 +228,31 @@ pub fn read_prompt_file(path: &Path) -> Result<String> {
     })
 }
 
+/// The sampling values used and where each came from (`sampling` in `kiln run --json` and in
+/// the `ready` event of `kiln chat --json`).
+pub fn sampling_report(s: &ResolvedSampling, seed: u64) -> serde_json::Value {
+    let p = &s.params;
+    let from: serde_json::Map<String, serde_json::Value> = s
+        .origins
+        .iter()
+        .map(|(key, origin)| (key.to_string(), origin.as_str().into()))
+        .collect();
+    json!({
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "presence_penalty": p.presence_penalty,
+        "seed": seed,
+        "greedy": p.is_greedy(),
+        "from": from,
+    })
+}
+
 /// `kiln run --json`'s object.
-fn run_report(session: &session::Session, generation: &Generation) -> serde_json::Value {
+fn run_report(session: &session::Session, generation: &Generation, sampling: &ResolvedSampling) -> serde_json::Value {
     json!({
         "prompt_token_ids": generation.prompt_token_ids,
         "token_ids": generation.token_ids,
@@ -243,6 +271,7 @@ fn run_report(session: &session::Session, generation: &Generation) -> serde_json
         "threads": session.engine.threads(),
         "prefill_block": session.engine.prefill_block(),
         "seed": generation.seed,
+        "sampling": sampling_report(sampling, generation.seed),
         "mlir_contexts": kiln_compiler::mlir_contexts_created(),
     })
 }

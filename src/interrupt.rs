@@ -88,6 +88,33 @@ pub fn cancel_flag() -> Arc<AtomicBool> {
     state().cancel.clone()
 }
 
+/// Runs `f` and then puts back the SIGINT disposition that was in place before it, so that a
+/// library which takes SIGINT for itself cannot take Ctrl-C away from [`install`]'s handler.
+///
+/// rustyline's line editor (without its `signal-hook` feature, whose reader lost all but the
+/// first byte of a line that arrived in one read) installs its own SIGINT handler when it is
+/// created and keeps it until it is dropped; `kiln chat` would then no longer stop a reply on
+/// Ctrl-C. At its prompt the editor reads Ctrl-C as a key (the terminal is in raw mode), so it
+/// does not need the signal.
+pub fn keeping_handler<T>(f: impl FnOnce() -> T) -> Result<T> {
+    // SAFETY: `sigaction` with a null new action only reads the current one into `saved`, a
+    // zeroed (valid) `sigaction` value owned by this frame.
+    let saved = unsafe {
+        let mut saved: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGINT, std::ptr::null(), &mut saved) != 0 {
+            return Err(std::io::Error::last_os_error()).context("reading the SIGINT handler");
+        }
+        saved
+    };
+    let value = f();
+    // SAFETY: puts back the action `sigaction` returned above, unchanged: the handler it names
+    // (ctrlc's, or the default) is still installed code of this process.
+    if unsafe { libc::sigaction(libc::SIGINT, &saved, std::ptr::null_mut()) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("restoring the SIGINT handler");
+    }
+    Ok(value)
+}
+
 /// Ends the process now: the staging folders of compiles in progress are deleted first.
 fn exit_now() -> ! {
     kiln_cache::remove_active_staging();

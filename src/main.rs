@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use kiln::{commands, output};
 use kiln_core::DType;
-use kiln_text::sampler::SamplingParams;
+use kiln_text::sampler::{SamplingChoice, SamplingParams};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -302,26 +302,28 @@ fn parse_float_dtype(s: &str) -> Result<DType, String> {
 
 #[derive(Args, Clone)]
 struct SamplingArgs {
-    /// Softmax temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// Keep the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Drop tokens below this fraction of the top probability (0 = off).
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
+    /// Softmax temperature; 0 = greedy. Default: the model's generation_config.json (where
+    /// `do_sample: false` means 0), else 0.8.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep the K most likely tokens (0 = off). Default: generation_config.json, else 40.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Nucleus sampling mass (1 = off). Default: generation_config.json, else 0.95.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens below this fraction of the top probability (0 = off). Default:
+    /// generation_config.json, else 0.05.
+    #[arg(long)]
+    min_p: Option<f32>,
     /// Seed for sampling (default: random; printed with --json). The same seed gives the same
     /// output.
     #[arg(long)]
     seed: Option<u64>,
     /// Divide the positive logits of tokens already in the text by this, multiply the negative
-    /// ones (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
+    /// ones (1 = off). Default: generation_config.json, else 1.
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
     /// Subtract this from a token's logit for each time it occurs in the text (0 = off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
@@ -334,17 +336,27 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
+    /// The flags given of those a model's generation_config.json can also set.
+    fn given(&self) -> SamplingChoice {
+        SamplingChoice {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
-            seed: self.seed,
             repetition_penalty: self.repetition_penalty,
+        }
+    }
+
+    /// The flags over Kiln's defaults: the base the model's values go under, checked before
+    /// the model is opened.
+    fn params(&self) -> SamplingParams {
+        let base = SamplingParams {
+            seed: self.seed,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
-        }
+            ..SamplingParams::default()
+        };
+        SamplingChoice::resolve(&self.given(), &SamplingChoice::default(), base).params
     }
 }
 
@@ -425,6 +437,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             think,
             max_tokens,
             sampling: sampling.params(),
+            sampling_flags: sampling.given(),
             stop: sampling.stop,
             build: build.choices()?,
             show_special,
@@ -465,6 +478,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             think,
             max_tokens,
             sampling: sampling.params(),
+            sampling_flags: sampling.given(),
             stop: sampling.stop,
             build: build.choices()?,
             json,

@@ -12,6 +12,7 @@ use kiln_engine::engine::{Engine, EngineConfig, EngineError, WeightSource};
 use kiln_engine::library::{KernelLibrary, LibraryError};
 use kiln_formats::hub;
 use kiln_formats::loader::{self, LoadOptions, ModelFormat};
+use kiln_text::sampler::SamplingChoice;
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -359,6 +360,8 @@ pub struct PreparedModel {
     /// Ids that end generation (model config and tokenizer merged).
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
+    /// The sampling the model's `generation_config.json` states (empty for GGUF).
+    pub sampling: SamplingChoice,
     weights: Arc<dyn WeightSource>,
     started: Instant,
 }
@@ -390,6 +393,7 @@ impl PreparedModel {
             spec: m.spec,
             tokenizer: m.tokenizer,
             eos_token_ids: m.eos_token_ids,
+            sampling: m.sampling,
             weights,
             started,
         })

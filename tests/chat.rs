@@ -13,6 +13,7 @@ use kiln_text::sampler::SamplingParams;
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -401,7 +402,17 @@ struct Driven {
 
 impl Driven {
     fn spawn(model: &Path, extra: &[&str]) -> Driven {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        // SAFETY: between fork and exec the child only calls the async-signal-safe `signal`:
+        // SIGINT at its default disposition, as a test of Ctrl-C needs (a background job of a
+        // non-interactive shell starts with it ignored).
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = command
             .args(["chat", model.to_str().unwrap(), "--json", "--threads", "1"])
             .args(extra)
             .env("KILN_CACHE_DIR", cache_dir())

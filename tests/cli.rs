@@ -341,10 +341,10 @@ fn missing_and_malformed_config() {
     let m = copy_fixture("llama");
     let text = std::fs::read_to_string(m.path().join("config.json"))
         .unwrap()
-        .replace("LlamaForCausalLM", "GPT2LMHeadModel");
-    let text = text.replace("\"model_type\": \"llama\"", "\"model_type\": \"gpt2\"");
+        .replace("LlamaForCausalLM", "BloomForCausalLM");
+    let text = text.replace("\"model_type\": \"llama\"", "\"model_type\": \"bloom\"");
     std::fs::write(m.path().join("config.json"), text).unwrap();
-    expect_error(m.path(), cache.path(), &[], &["config.json", "GPT2LMHeadModel"]);
+    expect_error(m.path(), cache.path(), &[], &["config.json", "BloomForCausalLM"]);
 }
 
 /// Rewrites the fixture's safetensors with `edit` applied to its tensor list.
@@ -546,4 +546,128 @@ fn unwritable_cache_folder() {
         "{err}"
     );
     assert!(err.contains(cache.to_str().unwrap()), "names the folder: {err}");
+}
+
+/// `kiln run --json --max-tokens 6` on `model` with `extra` flags and no sampling flag of its
+/// own.
+fn run_sampled(cache: &Path, model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--threads",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let o = kiln(cache, &args);
+    assert!(o.status.success(), "kiln run failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn close(v: &Value, expected: f64) -> bool {
+    v.as_f64().is_some_and(|x| (x - expected).abs() < 1e-6)
+}
+
+/// Proves that the sampling a model's generation_config.json states is what a run without
+/// flags uses (the tokens equal those of the same values given as flags), that each flag wins
+/// key by key, that `do_sample: false` is greedy, that a malformed value is one line naming
+/// the file and key, and that a GGUF file keeps llama.cpp's defaults; `run --json` shows the
+/// values used and where each came from.
+#[test]
+fn sampling_defaults_come_from_generation_config() {
+    let cache = tempfile::tempdir().unwrap();
+    let tuned = copy_fixture("qwen2");
+    let gen_path = tuned.path().join("generation_config.json");
+    std::fs::write(
+        &gen_path,
+        r#"{"bos_token_id": 1000, "eos_token_id": 1000, "do_sample": true, "temperature": 0.7,
+            "top_p": 0.8, "top_k": 20, "min_p": 0.02, "repetition_penalty": 1.05}"#,
+    )
+    .unwrap();
+    let from_file = run_sampled(cache.path(), tuned.path(), &["--seed", "3"]);
+    let s = &from_file["sampling"];
+    for (key, value) in [
+        ("temperature", 0.7),
+        ("top_p", 0.8),
+        ("top_k", 20.0),
+        ("min_p", 0.02),
+        ("repetition_penalty", 1.05),
+    ] {
+        assert!(close(&s[key], value), "{key}: {s}");
+        assert_eq!(s["from"][key], "generation_config.json", "{s}");
+    }
+    assert_eq!(s["greedy"], false);
+    assert_eq!(s["seed"], 3);
+    // The same values as flags, on the fixture (whose file says do_sample: false), give the
+    // same tokens: the file's values are used, not only shown.
+    let as_flags = run_sampled(
+        cache.path(),
+        &fixture("qwen2"),
+        &[
+            "--seed",
+            "3",
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.8",
+            "--top-k",
+            "20",
+            "--min-p",
+            "0.02",
+            "--repetition-penalty",
+            "1.05",
+        ],
+    );
+    assert_eq!(as_flags["token_ids"], from_file["token_ids"]);
+    assert!(
+        as_flags["sampling"]["from"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|v| v == "flag")
+    );
+
+    // Flags win key by key.
+    let mixed = run_sampled(cache.path(), tuned.path(), &["--temperature", "0", "--top-k", "5"]);
+    let s = &mixed["sampling"];
+    assert!(close(&s["temperature"], 0.0) && close(&s["top_k"], 5.0), "{s}");
+    assert_eq!(s["from"]["temperature"], "flag");
+    assert_eq!(s["from"]["top_k"], "flag");
+    assert!(close(&s["top_p"], 0.8), "{s}");
+    assert_eq!(s["from"]["top_p"], "generation_config.json");
+    assert_eq!(s["greedy"], true);
+
+    // do_sample: false (the fixture's own file) is greedy: the tokens of --temperature 0.
+    let greedy = run_sampled(cache.path(), &fixture("qwen2"), &[]);
+    assert!(close(&greedy["sampling"]["temperature"], 0.0));
+    assert_eq!(greedy["sampling"]["from"]["temperature"], "generation_config.json");
+    assert_eq!(greedy["sampling"]["from"]["top_k"], "default");
+    let argmax = run_sampled(cache.path(), &fixture("qwen2"), &["--temperature", "0"]);
+    assert_eq!(greedy["token_ids"], argmax["token_ids"]);
+
+    // A malformed value: one line naming the file and the key.
+    std::fs::write(&gen_path, r#"{"eos_token_id": 1000, "top_p": "high"}"#).unwrap();
+    let o = kiln(
+        cache.path(),
+        &[
+            "run",
+            tuned.path().to_str().unwrap(),
+            "--prompt",
+            "x",
+            "--max-tokens",
+            "1",
+        ],
+    );
+    assert_one_line_error(&o, &["generation_config.json", "\"top_p\"", "must be a number"]);
+
+    // GGUF has no generation_config.json: llama.cpp's defaults.
+    let gguf = fixture("gguf").join("qwen2-bf16.gguf");
+    let s = run_sampled(cache.path(), &gguf, &[])["sampling"].clone();
+    assert!(close(&s["temperature"], 0.8) && close(&s["top_k"], 40.0), "{s}");
+    assert!(close(&s["top_p"], 0.95) && close(&s["min_p"], 0.05), "{s}");
+    assert!(s["from"].as_object().unwrap().values().all(|v| v == "default"), "{s}");
 }

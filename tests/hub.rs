@@ -194,6 +194,11 @@ fn run_a_gguf_quant_from_the_hub() {
     let out = json_of(&env.kiln(&hub, &run_args("kiln-test/tiny-GGUF:Q8_0"), &OFFLINE));
     assert_eq!(out["token_ids"], reference()["token_ids"]);
     assert_eq!(hub.request_count(), n);
+    // The same file named as org/repo/FILE.gguf.
+    let out = json_of(&env.kiln(&hub, &run_args("kiln-test/tiny-GGUF/tiny-llama-Q8_0.gguf"), &OFFLINE));
+    assert_eq!(out["token_ids"], reference()["token_ids"]);
+    assert_eq!(out["model_dir"], file.display().to_string());
+    assert_eq!(hub.request_count(), n);
 
     // A split model runs as the file it was split from (same spec, same library).
     let out = json_of(&env.kiln(&hub, &run_args("kiln-test/split-GGUF:Q8_0"), &[]));

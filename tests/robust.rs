@@ -147,6 +147,28 @@ fn a_full_stderr_is_a_failure_not_a_panic() {
     assert!(o.status.success());
 }
 
+/// A chat whose stderr cannot be written (its banner, notes and errors go there) fails with
+/// status 1 instead of answering on stdout and exiting 0 as if all was well.
+#[test]
+fn a_full_stderr_ends_a_chat_with_a_failure() {
+    use std::io::Write as _;
+    let model = chat_model();
+    let mut child = kiln(&["chat", model.path().to_str().unwrap(), "--max-tokens", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(dev_full())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Hello\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "stdout: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
+
 #[test]
 fn a_closed_pipe_ends_quietly() {
     let llama = fixture("llama");

@@ -9,6 +9,7 @@ use kiln_core::spec::Layout;
 use kiln_core::{DType, ModelSpec, WeightId};
 use kiln_engine::buffers::AlignedBuf;
 use kiln_engine::engine::WeightSource;
+use kiln_text::sampler::SamplingChoice;
 use kiln_text::tokenizer::{Tokenizer, TokenizerError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,10 @@ pub struct Model {
     /// Ids that end generation: the model's own and the tokenizer's, without duplicates.
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
+    /// The sampling the model's `generation_config.json` states: the defaults of a run whose
+    /// user gives no flag for a key. Empty for a GGUF file, which has no such file, so
+    /// llama.cpp's defaults apply there as in llama.cpp.
+    pub sampling: SamplingChoice,
     /// Tensors converted at load (`dequantize`), with their original storage type.
     pub converted: Vec<(WeightId, DType)>,
 }
@@ -107,6 +112,7 @@ fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
         format: ModelFormat::Safetensors,
         architecture: loaded.config.architecture.clone(),
         bos_token_id: loaded.config.bos_token_id,
+        sampling: loaded.config.sampling,
         spec: loaded.spec,
         weights: Arc::new(weights),
         tokenizer,
@@ -143,6 +149,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
         format: ModelFormat::Gguf,
         architecture,
         bos_token_id: g.bos_token_id,
+        sampling: SamplingChoice::default(),
         spec,
         weights,
         tokenizer: g.tokenizer,
@@ -238,5 +245,70 @@ impl WeightSource for Dequantized {
             Some(b) => Ok(b.as_ptr() as *const u8),
             None => self.inner.weight_ptr(id),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_core::spec::Role;
+    use safetensors::tensor::TensorView as StView;
+
+    /// A GPT-2 checkpoint named as the published `gpt2` names it (no `transformer.` prefix),
+    /// every tensor f32 holding its element indices: the spec's `transformer.*` names must find
+    /// them, and each `Conv1D` weight must reach the kernels transposed into `[out, in]`.
+    #[test]
+    fn gpt2_conv1d_weights_are_found_unprefixed_and_transposed_at_load() {
+        let config = serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"], "n_embd": 16, "n_layer": 1, "n_head": 2,
+            "n_positions": 8, "vocab_size": 32, "n_inner": 24
+        });
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let layout = model::ModelConfig::from_file(&dir.path().join("config.json"))
+            .unwrap()
+            .layout;
+        let data: Vec<(String, Vec<usize>, Vec<u8>)> = layout
+            .weights
+            .iter()
+            .map(|t| {
+                let shape = t.stored_shape();
+                let n: usize = shape.iter().product();
+                let bytes = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+                let name = t.name.strip_prefix("transformer.").unwrap_or(&t.name).to_string();
+                (name, shape, bytes)
+            })
+            .collect();
+        let views: Vec<(&str, StView)> = data
+            .iter()
+            .map(|(n, s, b)| (n.as_str(), StView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+
+        let loaded = model::load(dir.path()).unwrap();
+        let spec = loaded.spec.clone();
+        let weights = SafetensorsWeights::bind(loaded.weights, &spec).unwrap();
+        let mut transposed_seen = 0;
+        for (id, t) in spec.weight_ids().filter(|(_, t)| t.role == Role::Matrix) {
+            let (rows, cols) = (t.shape[0], t.shape[1]);
+            let ptr = weights.weight_ptr(id).unwrap() as *const f32;
+            // SAFETY: the pointer is to `rows * cols` f32 values owned by `weights`, alive here.
+            let got = unsafe { std::slice::from_raw_parts(ptr, rows * cols) };
+            for (r, c) in [(0, 1), (1, 0), (rows - 1, cols - 1), (rows / 2, cols / 3)] {
+                let stored = match t.layout {
+                    Layout::Transposed => c * rows + r, // stored [cols, rows]
+                    _ => r * cols + c,
+                };
+                assert_eq!(got[r * cols + c], stored as f32, "{} [{r}, {c}]", t.name);
+            }
+            transposed_seen += (t.layout == Layout::Transposed) as usize;
+        }
+        // c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
+        assert_eq!(transposed_seen, 4);
+        assert_eq!(
+            spec.weight(spec.weight_named("transformer.h.0.mlp.c_fc.weight").unwrap())
+                .shape,
+            [24, 16]
+        );
     }
 }

@@ -16,6 +16,7 @@ use super::error::ModelError;
 use kiln_core::arch::params::describe;
 use kiln_core::arch::{self, ArchError, Architecture, HfConfig};
 use kiln_core::{DType, ModelSpec};
+use kiln_text::sampler::SamplingChoice;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -44,6 +45,10 @@ pub struct ModelConfig {
     /// Every end-of-sequence id: those of `generation_config.json` first, then those of
     /// `config.json`, without duplicates. Empty when neither file names one.
     pub eos_token_ids: Vec<u32>,
+    /// The sampling `generation_config.json` states (temperature, top_k, top_p, min_p,
+    /// repetition_penalty; `do_sample: false` as temperature 0), the defaults of a run whose
+    /// user gives none. Empty without the file.
+    pub sampling: SamplingChoice,
 }
 
 impl ModelConfig {
@@ -70,9 +75,11 @@ impl ModelConfig {
 
     /// Merges the BOS/EOS ids of a `generation_config.json` text: its EOS ids go first, then
     /// those already known from `config.json`; its BOS id, when set, replaces the config's.
+    /// Reads its sampling values ([`parse_sampling`]).
     pub fn apply_generation_config(&mut self, text: &str, path: &Path) -> Result<(), ModelError> {
         let map = json_object(text, path)?;
         let g = Obj { map: &map, path };
+        self.sampling = parse_sampling(&g)?;
         let mut eos = g.token_ids("eos_token_id")?;
         for id in std::mem::take(&mut self.eos_token_ids) {
             if !eos.contains(&id) {
@@ -255,5 +262,50 @@ fn parse_config(c: &Obj) -> Result<ModelConfig, ModelError> {
         torch_dtype,
         bos_token_id: c.token_id("bos_token_id")?,
         eos_token_ids: c.token_ids("eos_token_id")?,
+        sampling: SamplingChoice::default(),
     })
+}
+
+/// The sampling values of a `generation_config.json`, each range-checked. `do_sample: false`
+/// means greedy decoding in transformers' `generate`, so it reads as temperature 0 whatever
+/// temperature the file also gives; only an explicit `false` does (an absent `do_sample` says
+/// nothing, as vLLM reads it). A null key is absent.
+fn parse_sampling(g: &Obj) -> Result<SamplingChoice, ModelError> {
+    let number = |key: &str| -> Result<Option<f32>, ModelError> {
+        match g.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| g.invalid(key, format!("must be a number, got {}", describe(v)))),
+        }
+    };
+    let top_k = match g.get("top_k") {
+        None => None,
+        Some(v) => Some(v.as_u64().and_then(|k| usize::try_from(k).ok()).ok_or_else(|| {
+            g.invalid(
+                "top_k",
+                format!("must be an integer >= 0 (0 = off), got {}", describe(v)),
+            )
+        })?),
+    };
+    let greedy = match g.get("do_sample") {
+        None => false,
+        Some(Value::Bool(b)) => !b,
+        Some(v) => return Err(g.invalid("do_sample", format!("must be true or false, got {}", describe(v)))),
+    };
+    let mut choice = SamplingChoice {
+        temperature: number("temperature")?,
+        top_k,
+        top_p: number("top_p")?,
+        min_p: number("min_p")?,
+        repetition_penalty: number("repetition_penalty")?,
+    };
+    choice
+        .validate()
+        .map_err(|e| g.invalid(e.name, format!("must be {}, got {}", e.expected, e.value)))?;
+    if greedy {
+        choice.temperature = Some(0.0);
+    }
+    Ok(choice)
 }

@@ -19,6 +19,8 @@ pub mod error;
 pub mod weights;
 
 #[cfg(test)]
+mod sampling_tests;
+#[cfg(test)]
 mod special_files_tests;
 #[cfg(test)]
 mod tests;

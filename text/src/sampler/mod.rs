@@ -40,9 +40,12 @@ use std::cmp::Ordering;
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
+mod choice;
 #[cfg(test)]
 mod tests;
 mod transforms;
+
+pub use choice::{Origin, ResolvedSampling, SamplingChoice};
 
 use transforms::penalize;
 pub use transforms::{apply_penalties, argmax, min_p_filter, softmax, top_k_filter, top_p_filter};

@@ -589,7 +589,7 @@ fn penalties_change_what_is_sampled() {
 }
 
 #[test]
-#[ignore = "timing only: cargo test --release -p kiln-runtime --lib sampler_speed -- --ignored --nocapture"]
+#[ignore = "timing only: cargo test --release -p kiln-text --lib sampler_speed -- --ignored --nocapture"]
 fn sampler_speed() {
     let mut lcg = Lcg(99);
     let logits = lcg.logits(151_936, 10.0);
