@@ -408,7 +408,7 @@ fn model_kernels_accepts_quantised_matrices_only() {
 /// --ignored quant_speed --nocapture`). `KILN_QUANT_LANES=8` measures the AVX2 code;
 /// `KILN_QUANT_ASM=dir` also writes each kernel's MLIR and assembly.
 #[test]
-#[ignore]
+#[ignore = "timing only: cargo test -p kiln-compiler -- --ignored quant_speed --nocapture"]
 fn quant_speed() {
     let host = HostCpu::detect().f32_lanes();
     let lanes = std::env::var("KILN_QUANT_LANES")
@@ -500,7 +500,7 @@ fn quant_speed() {
 /// `KILN_SWEEP="ROWS:NEAR_BYTES[:FAR_BYTES],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
 /// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "timing only: a parameter sweep driven by KILN_SWEEP (see above)"]
 fn decode_sweep() {
     let lanes = std::env::var("KILN_SWEEP_LANES")
         .ok()
