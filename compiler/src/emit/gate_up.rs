@@ -54,7 +54,7 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
     // flight. Quantised ones are bound by the dequantisation work, whose latency the decode
     // matmul hides with its full group of chains per matrix (halving it cost 7 % on Q4_1).
     let group = if gate_dtype.is_quantized() {
-        decode_quant_rows(*gate_dtype)
+        decode_quant_rows(*gate_dtype, lanes)
     } else {
         (decode_float_rows(lanes) / 2).max(1)
     }

@@ -38,12 +38,21 @@ const PREFILL_CHUNK_BYTES: usize = 16 << 10;
 
 /// Weight rows a decode thread walks together over quantised weights (one FMA chain each):
 /// enough independent chains to hide the FMA latency behind the dequantisation work, few enough
-/// that a super-block's 16 activation vectors and the dequantised values stay in registers.
-pub(super) fn decode_quant_rows(dtype: DType) -> usize {
+/// that each row's block state (scale splats, byte vectors read twice) stays in registers.
+/// q5_0/q5_1 with 8 lanes (AVX2, 16 registers) take 2: four rows' high-bit words and bytes
+/// spilled to the stack, and one thread read 7.2 Gweights/s with 2 rows against 5.2–6.4 with
+/// 4 (`quant_speed`, 2-vCPU AMD EPYC Zen 3); the other 32-element formats measured alike or
+/// better with 4.
+pub(super) fn decode_quant_rows(dtype: DType, lanes: usize) -> usize {
     if let Some(r) = exp_var("KILN_EXP_ROWS") {
         return r;
     }
-    if dtype.block_elems() == 32 { 4 } else { 2 }
+    let five_bit = matches!(dtype, DType::Q5_0 | DType::Q5_1);
+    match dtype.block_elems() {
+        32 if five_bit && lanes <= 8 => 2,
+        32 => 4,
+        _ => 2,
+    }
 }
 
 /// Weight rows a decode thread walks together over float weights, one FMA chain each: two
@@ -412,7 +421,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// the core independent FMA chains to overlap with the dequantisation work.
     fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
         let group = if dtype.is_quantized() {
-            decode_quant_rows(dtype)
+            decode_quant_rows(dtype, self.lanes)
         } else {
             decode_float_rows(self.lanes)
         }
@@ -538,12 +547,16 @@ impl<'c, 'a> MatMul<'c, 'a> {
             for u in 0..unroll {
                 let blk = b.addi(kb, b.idx(u));
                 let k0 = b.muli(blk, b.idx(be));
-                let xs: Vec<Value> = (0..be / lanes)
-                    .map(|i| b.load_f32(self.x, &[row, b.addi(k0, b.idx(i * lanes))], lanes))
+                // Group by group, every row's values folded in as they are made: each x vector
+                // and each dequantised vector lives for a few instructions (see `BlockReader`).
+                let mut blocks: Vec<_> = cols
+                    .iter()
+                    .map(|&col| quant::BlockReader::new(b, w, dtype, col, blk, lanes))
                     .collect();
-                for (r, &col) in cols.iter().enumerate() {
-                    for (wv, &xv) in quant::dequant_block(b, w, dtype, col, blk, lanes).into_iter().zip(&xs) {
-                        acc[r] = b.fma(wv, xv, acc[r]);
+                for g in 0..be / lanes {
+                    let xv = b.load_f32(self.x, &[row, b.addi(k0, b.idx(g * lanes))], lanes);
+                    for (a, block) in acc.iter_mut().zip(&mut blocks) {
+                        *a = b.fma(block.value(g), xv, *a);
                     }
                 }
             }

@@ -5,7 +5,8 @@
 //! `core/src/dequant.rs`, the reference these emitters reproduce). Nothing is assumed
 //! about alignment: every load is an unaligned vector load of bytes.
 //!
-//! [`dequant_block`] turns one block into f32 vectors of `lanes` lanes in k order. Each format
+//! [`BlockReader`] turns one block into f32 vectors of `lanes` lanes in k order, one vector
+//! where it is asked for ([`dequant_block`]: all of them at once). Each format
 //! is described the same way: per group of `lanes` elements an integer *code* vector (the
 //! quantised value as an unsigned or signed integer, extracted with vector shifts and masks), and
 //! per *scale group* (the elements sharing a scale, and a min where the format has one) an
@@ -67,21 +68,285 @@ pub fn dequant_block<'c, 'a>(
     blk: Value<'c, '_>,
     lanes: usize,
 ) -> Vec<Value<'c, 'a>> {
-    assert!(dtype.is_quantized(), "{dtype} is not a block format");
-    assert!(
-        lanes.is_power_of_two() && lanes <= 16,
-        "quantised blocks are read in groups of at most 16 lanes"
-    );
-    let base = b.muli(blk, b.idx(dtype.block_bytes()));
-    let q = Blk {
-        b,
-        w,
-        row,
-        base,
-        lanes,
-        cache: HashMap::new(),
-    };
-    q.values(dtype)
+    let mut block = BlockReader::new(b, w, dtype, row, blk, lanes);
+    (0..block.groups()).map(|g| block.value(g)).collect()
+}
+
+/// One block of a quantised row, read one group of `lanes` values at a time: [`Self::value`]
+/// emits the loads and arithmetic of group `g` where it is asked for, and a scale group's
+/// factors (splats, or its lookup table) when its first group is.
+///
+/// Why lazily: a decode step folds each group into an FMA as soon as it exists. Emitting a
+/// whole block's values (or all 8–16 scale splats) up front kept them all live at once; with
+/// 16 registers (AVX2) a 256-element block of two rows spilled to the stack. In k order the
+/// groups of a scale group are consecutive, so each factor lives only while it is used.
+pub struct BlockReader<'c, 'a, 'w> {
+    blk: Blk<'c, 'a, 'w>,
+    dtype: DType,
+    /// The format's per-block vector of scales (k-quants: one lane per scale group), made once.
+    scales: Option<Value<'c, 'a>>,
+    /// q5_0/q5_1: the 32 high bits as a splat u32 word.
+    high_word: Option<Value<'c, 'a>>,
+    affines: HashMap<usize, Affine<'c, 'a>>,
+    tables: HashMap<usize, Vec<Value<'c, 'a>>>,
+}
+
+impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
+    /// A reader of block `blk` of row `row` of `w`; emits nothing until asked.
+    pub fn new(
+        b: Kb<'c, 'a>,
+        w: Value<'c, 'w>,
+        dtype: DType,
+        row: Value<'c, 'w>,
+        blk: Value<'c, 'w>,
+        lanes: usize,
+    ) -> Self {
+        assert!(dtype.is_quantized(), "{dtype} is not a block format");
+        assert!(
+            lanes.is_power_of_two() && lanes <= 16,
+            "quantised blocks are read in groups of at most 16 lanes"
+        );
+        let base = b.muli(blk, b.idx(dtype.block_bytes()));
+        let blk = Blk {
+            b,
+            w,
+            row,
+            base,
+            lanes,
+            cache: HashMap::new(),
+        };
+        BlockReader {
+            blk,
+            dtype,
+            scales: None,
+            high_word: None,
+            affines: HashMap::new(),
+            tables: HashMap::new(),
+        }
+    }
+
+    /// The number of groups (vectors) in the block.
+    pub fn groups(&self) -> usize {
+        self.dtype.block_elems() / self.blk.lanes
+    }
+
+    /// The values of group `g` (elements `g * lanes ..`), bitwise the reference's.
+    pub fn value(&mut self, g: usize) -> Value<'c, 'a> {
+        let (code, sg) = self.code(g);
+        let b = self.blk.b;
+        if uses_tables(self.dtype, self.blk.lanes) {
+            let bits = if matches!(self.dtype, DType::Q5_0 | DType::Q5_1 | DType::Q5K) {
+                5
+            } else {
+                4
+            };
+            if !self.tables.contains_key(&sg) {
+                let t = table(b, self.affine(sg), bits);
+                self.tables.insert(sg, t);
+            }
+            lookup(b, &self.tables[&sg], code)
+        } else {
+            let a = self.affine(sg);
+            apply(b, a, code, self.blk.lanes)
+        }
+    }
+
+    /// The map of scale group `sg`, made on first use.
+    fn affine(&mut self, sg: usize) -> Affine<'c, 'a> {
+        if let Some(a) = self.affines.get(&sg) {
+            return *a;
+        }
+        let a = self.make_affine(sg);
+        self.affines.insert(sg, a);
+        a
+    }
+
+    /// The format's per-block scale vector, made on first use.
+    fn scales(&mut self) -> Value<'c, 'a> {
+        if let Some(s) = self.scales {
+            return s;
+        }
+        let q = &mut self.blk;
+        let b = q.b;
+        let s = match self.dtype {
+            // Lanes 0..16: `d * (sc & 15)`, lanes 16..32: `dmin * (sc >> 4)`.
+            DType::Q2K => {
+                let sc = q.bytes(0, 16, false);
+                let d = b.mulf(b.uitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), q.f16(80, 16));
+                let m = b.mulf(b.uitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), q.f16(82, 16));
+                b.shuffle_any(d, m, &(0..32).collect::<Vec<_>>())
+            }
+            DType::Q3K => {
+                let scales = q.q3k_scales();
+                b.mulf(q.f16(108, 16), b.sitofp(b.subi(scales, b.int_splat(32, 16, "i32"))))
+            }
+            DType::Q4K | DType::Q5K => q.k4_scales_mins(),
+            DType::Q6K => b.mulf(q.f16(208, 16), b.sitofp(q.bytes(192, 16, true))),
+            other => unreachable!("{other} has one scale per block"),
+        };
+        self.scales = Some(s);
+        s
+    }
+
+    fn make_affine(&mut self, sg: usize) -> Affine<'c, 'a> {
+        let lanes = self.blk.lanes;
+        let b = self.blk.b;
+        match self.dtype {
+            DType::Q8_0 => Affine::Offset {
+                d: self.blk.f16(0, lanes),
+                off: 0,
+            },
+            DType::Q4_0 => Affine::Offset {
+                d: self.blk.f16(0, lanes),
+                off: 8,
+            },
+            DType::Q5_0 => Affine::Offset {
+                d: self.blk.f16(0, lanes),
+                off: 16,
+            },
+            DType::Q4_1 | DType::Q5_1 => Affine::MulAdd {
+                d: self.blk.f16(0, lanes),
+                m: self.blk.f16(2, lanes),
+            },
+            DType::Q2K => {
+                let s = self.scales();
+                Affine::MulSub {
+                    d: splat(b, s, sg, lanes),
+                    m: splat(b, s, 16 + sg, lanes),
+                }
+            }
+            DType::Q3K => Affine::Offset {
+                d: splat(b, self.scales(), sg, lanes),
+                off: 4,
+            },
+            DType::Q4K | DType::Q5K => {
+                let s = self.scales();
+                Affine::MulSub {
+                    d: splat(b, s, sg, lanes),
+                    m: splat(b, s, 8 + sg, lanes),
+                }
+            }
+            DType::Q6K => Affine::Offset {
+                d: splat(b, self.scales(), sg, lanes),
+                off: 32,
+            },
+            DType::F32 | DType::F16 | DType::BF16 => unreachable!("float weights are not blocks"),
+        }
+    }
+
+    /// The integer codes of group `g` (i32 lanes) and the scale group they belong to.
+    fn code(&mut self, g: usize) -> (Value<'c, 'a>, usize) {
+        let lanes = self.blk.lanes;
+        let e = g * lanes;
+        let b = self.blk.b;
+        match self.dtype {
+            DType::Q8_0 => (self.blk.bytes(2 + e, lanes, true), 0),
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+                // Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the
+                // 5-bit types add bit j of the little-endian u32 qh as bit 4. qh is splat to
+                // every lane and each lane shifts its own bit down (`vpsrlvd`): reading the bits
+                // as a `vector<32xi1>` instead is one mask move with AVX-512 but, without mask
+                // registers (AVX2), LLVM extracts and inserts every bit in scalar code (about
+                // 100 scalar instructions per 32-element block, measured in the x86-64-v3
+                // assembly).
+                let (qh, qs) = match self.dtype {
+                    DType::Q4_0 => (None, 2),
+                    DType::Q4_1 => (None, 4),
+                    DType::Q5_0 => (Some(2), 6),
+                    _ => (Some(4), 8),
+                };
+                let raw = self.blk.bytes(qs + e % 16, lanes, false);
+                let mut code = if e < 16 {
+                    b.andi(raw, self.blk.c(15))
+                } else {
+                    b.shrui(raw, self.blk.c(4))
+                };
+                if let Some(off) = qh {
+                    // Bit j of qh lands on bit 4 of lane j with one variable shift and a mask.
+                    // Lanes whose bit is below 4 shift a copy of the word moved up by 4 (the
+                    // first group only: bits below 16, so the copy loses none it needs).
+                    let word = self.high_word(off);
+                    let (src, first) = if e >= 4 {
+                        (word, e as i64 - 4)
+                    } else {
+                        (b.shli(word, self.blk.c(4)), e as i64)
+                    };
+                    let shifts: Vec<i64> = (0..lanes as i64).map(|j| first + j).collect();
+                    let hb = b.andi(b.shrui(src, b.int_vec(&shifts, "i32")), self.blk.c(16));
+                    code = b.ori(code, hb);
+                }
+                (code, 0)
+            }
+            DType::Q2K => {
+                // scales[16] @0, qs[64] @16, d @80, dmin @82. Sub-block `is = 8n + 2s + h` holds
+                // 2-bit field `s` of qs[32n + 16h + l], l = 0..16.
+                let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
+                let raw = self.blk.bytes(16 + 32 * n + 16 * h + l, lanes, false);
+                (self.blk.field(raw, 2 * s as i64, 2, 0), 8 * n + 2 * s + h)
+            }
+            DType::Q3K => {
+                // hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Sub-block `is = 8n + 2s + h`:
+                // 2-bit field `s` of qs[32n + 16h + l] plus bit `4n + s` of hmask[16h + l] as
+                // bit 2; value `(code - 4) * d * (scale - 32)`.
+                let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
+                let qs = self.blk.bytes(32 + 32 * n + 16 * h + l, lanes, false);
+                let hm = self.blk.bytes(16 * h + l, lanes, false);
+                let low = self.blk.field(qs, 2 * s as i64, 2, 0);
+                let high = self.blk.field(hm, (4 * n + s) as i64, 1, 2);
+                (b.ori(low, high), 8 * n + 2 * s + h)
+            }
+            DType::Q4K | DType::Q5K => {
+                // d @0, dmin @2, scales[12] @4, (q5_k: qh[32] @16), qs[128] @16 or @48. Chunk c of
+                // 64: the low nibbles of qs[32c + l] (sub-block 2c), then the high nibbles
+                // (2c + 1); q5_k adds bit 2c (2c + 1) of qh[l] as bit 4.
+                let qs = if self.dtype == DType::Q4K { 16 } else { 48 };
+                let (c, h, l) = (e / 64, (e % 64) / 32, e % 32);
+                let raw = self.blk.bytes(qs + 32 * c + l, lanes, false);
+                let mut code = if h == 0 {
+                    b.andi(raw, self.blk.c(15))
+                } else {
+                    b.shrui(raw, self.blk.c(4))
+                };
+                if self.dtype == DType::Q5K {
+                    let qh = self.blk.bytes(16 + l, lanes, false);
+                    code = b.ori(code, self.blk.field(qh, (2 * c + h) as i64, 1, 4));
+                }
+                (code, 2 * c + h)
+            }
+            DType::Q6K => {
+                // ql[128] @0, qh[64] @128, scales[16] (i8) @192, d @208. Element 128n + 32k + l:
+                // nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2 of qh[32n + l] as bits
+                // 4..6; value `d * scale[8n + 2k + l / 16] * (code - 32)`.
+                let (n, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                let ql = self.blk.bytes(64 * n + 32 * (k & 1) + l, lanes, false);
+                let low = if k < 2 {
+                    b.andi(ql, self.blk.c(15))
+                } else {
+                    b.shrui(ql, self.blk.c(4))
+                };
+                let qh = self.blk.bytes(128 + 32 * n + l, lanes, false);
+                (
+                    b.ori(low, self.blk.field(qh, 2 * k as i64, 2, 4)),
+                    8 * n + 2 * k + l / 16,
+                )
+            }
+            DType::F32 | DType::F16 | DType::BF16 => unreachable!("float weights are not blocks"),
+        }
+    }
+
+    /// q5_0/q5_1's high-bit word at byte `off`, splat to every lane, loaded once.
+    fn high_word(&mut self, off: usize) -> Value<'c, 'a> {
+        if let Some(w) = self.high_word {
+            return w;
+        }
+        let q = &self.blk;
+        let b = q.b;
+        let raw = b.load_bytes(q.w, &[q.row, b.addi(q.base, b.idx(off))], 4);
+        let word = b.vbitcast(raw, "vector<1xi32>");
+        let w = b.shuffle_any(word, word, &vec![0; q.lanes]);
+        self.high_word = Some(w);
+        w
+    }
 }
 
 /// One block being read: the byte offset of the block within its row, and the byte vectors
@@ -132,177 +397,6 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
         let moved = self.shift(v, bit - to, lanes);
         let mask = ((1i64 << width) - 1) << to;
         self.b.andi(moved, self.b.int_splat(mask, lanes, "i32"))
-    }
-
-    fn values(mut self, dtype: DType) -> Vec<Value<'c, 'a>> {
-        let lanes = self.lanes;
-        let b = self.b;
-        // Per group of `lanes` elements: its code vector and its scale group.
-        let mut codes: Vec<(Value<'c, 'a>, usize)> = Vec::new();
-        let affines: Vec<Affine<'c, 'a>>;
-        match dtype {
-            DType::Q8_0 => {
-                let d = self.f16(0, lanes);
-                codes = (0..32 / lanes)
-                    .map(|g| (self.bytes(2 + g * lanes, lanes, true), 0))
-                    .collect();
-                affines = vec![Affine::Offset { d, off: 0 }];
-            }
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
-                // Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the
-                // 5-bit types add bit j of the little-endian u32 qh as bit 4. qh is splat to
-                // every lane and each lane shifts its own bit down (`vpsrlvd`): reading the bits
-                // as a `vector<32xi1>` instead is one mask move with AVX-512 but, without mask
-                // registers (AVX2), LLVM extracts and inserts every bit in scalar code (about
-                // 100 scalar instructions per 32-element block, measured in the x86-64-v3
-                // assembly).
-                let (qh, qs) = match dtype {
-                    DType::Q4_0 => (None, 2),
-                    DType::Q4_1 => (None, 4),
-                    DType::Q5_0 => (Some(2), 6),
-                    _ => (Some(4), 8),
-                };
-                let high_word = qh.map(|off| {
-                    let raw = b.load_bytes(self.w, &[self.row, b.addi(self.base, b.idx(off))], 4);
-                    let word = b.vbitcast(raw, "vector<1xi32>");
-                    b.shuffle_any(word, word, &vec![0; lanes])
-                });
-                for g in 0..32 / lanes {
-                    let e = g * lanes;
-                    let raw = self.bytes(qs + e % 16, lanes, false);
-                    let mut code = if e < 16 {
-                        b.andi(raw, self.c(15))
-                    } else {
-                        b.shrui(raw, self.c(4))
-                    };
-                    if let Some(word) = high_word {
-                        let bit: Vec<i64> = (e..e + lanes).map(|j| j as i64).collect();
-                        let hb = b.andi(b.shrui(word, b.int_vec(&bit, "i32")), self.c(1));
-                        code = b.ori(code, b.shli(hb, self.c(4)));
-                    }
-                    codes.push((code, 0));
-                }
-                let d = self.f16(0, lanes);
-                affines = vec![match dtype {
-                    DType::Q4_0 => Affine::Offset { d, off: 8 },
-                    DType::Q5_0 => Affine::Offset { d, off: 16 },
-                    _ => Affine::MulAdd {
-                        d,
-                        m: self.f16(2, lanes),
-                    },
-                }];
-            }
-            DType::Q2K => {
-                // scales[16] @0, qs[64] @16, d @80, dmin @82. Sub-block `is = 8n + 2s + h` holds
-                // 2-bit field `s` of qs[32n + 16h + l], l = 0..16.
-                let sc = self.bytes(0, 16, false);
-                let d = b.mulf(b.uitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), self.f16(80, 16));
-                let m = b.mulf(b.uitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), self.f16(82, 16));
-                affines = (0..16)
-                    .map(|i| Affine::MulSub {
-                        d: splat(b, d, i, lanes),
-                        m: splat(b, m, i, lanes),
-                    })
-                    .collect();
-                for e in (0..256).step_by(lanes) {
-                    let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
-                    let raw = self.bytes(16 + 32 * n + 16 * h + l, lanes, false);
-                    codes.push((self.field(raw, 2 * s as i64, 2, 0), 8 * n + 2 * s + h));
-                }
-            }
-            DType::Q3K => {
-                // hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Sub-block `is = 8n + 2s + h`:
-                // 2-bit field `s` of qs[32n + 16h + l] plus bit `4n + s` of hmask[16h + l] as
-                // bit 2; value `(code - 4) * d * (scale - 32)`.
-                let scales = self.q3k_scales();
-                let dl = b.mulf(self.f16(108, 16), b.sitofp(b.subi(scales, b.int_splat(32, 16, "i32"))));
-                affines = (0..16)
-                    .map(|i| Affine::Offset {
-                        d: splat(b, dl, i, lanes),
-                        off: 4,
-                    })
-                    .collect();
-                for e in (0..256).step_by(lanes) {
-                    let (n, s, h, l) = (e / 128, (e % 128) / 32, (e % 32) / 16, e % 16);
-                    let qs = self.bytes(32 + 32 * n + 16 * h + l, lanes, false);
-                    let hm = self.bytes(16 * h + l, lanes, false);
-                    let low = self.field(qs, 2 * s as i64, 2, 0);
-                    let high = self.field(hm, (4 * n + s) as i64, 1, 2);
-                    codes.push((b.ori(low, high), 8 * n + 2 * s + h));
-                }
-            }
-            DType::Q4K | DType::Q5K => {
-                // d @0, dmin @2, scales[12] @4, (q5_k: qh[32] @16), qs[128] @16 or @48. Chunk c of
-                // 64: the low nibbles of qs[32c + l] (sub-block 2c), then the high nibbles
-                // (2c + 1); q5_k adds bit 2c (2c + 1) of qh[l] as bit 4.
-                let sm = self.k4_scales_mins();
-                affines = (0..8)
-                    .map(|j| Affine::MulSub {
-                        d: splat(b, sm, j, lanes),
-                        m: splat(b, sm, 8 + j, lanes),
-                    })
-                    .collect();
-                let qs = if dtype == DType::Q4K { 16 } else { 48 };
-                for e in (0..256).step_by(lanes) {
-                    let (c, h, l) = (e / 64, (e % 64) / 32, e % 32);
-                    let raw = self.bytes(qs + 32 * c + l, lanes, false);
-                    let mut code = if h == 0 {
-                        b.andi(raw, self.c(15))
-                    } else {
-                        b.shrui(raw, self.c(4))
-                    };
-                    if dtype == DType::Q5K {
-                        let qh = self.bytes(16 + l, lanes, false);
-                        code = b.ori(code, self.field(qh, (2 * c + h) as i64, 1, 4));
-                    }
-                    codes.push((code, 2 * c + h));
-                }
-            }
-            DType::Q6K => {
-                // ql[128] @0, qh[64] @128, scales[16] (i8) @192, d @208. Element 128n + 32k + l:
-                // nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2 of qh[32n + l] as bits
-                // 4..6; value `d * scale[8n + 2k + l / 16] * (code - 32)`.
-                let ds = b.mulf(self.f16(208, 16), b.sitofp(self.bytes(192, 16, true)));
-                affines = (0..16)
-                    .map(|i| Affine::Offset {
-                        d: splat(b, ds, i, lanes),
-                        off: 32,
-                    })
-                    .collect();
-                for e in (0..256).step_by(lanes) {
-                    let (n, k, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let ql = self.bytes(64 * n + 32 * (k & 1) + l, lanes, false);
-                    let low = if k < 2 {
-                        b.andi(ql, self.c(15))
-                    } else {
-                        b.shrui(ql, self.c(4))
-                    };
-                    let qh = self.bytes(128 + 32 * n + l, lanes, false);
-                    codes.push((b.ori(low, self.field(qh, 2 * k as i64, 2, 4)), 8 * n + 2 * k + l / 16));
-                }
-            }
-            DType::F32 | DType::F16 | DType::BF16 => unreachable!("float weights are not blocks"),
-        }
-        if uses_tables(dtype, lanes) {
-            let bits = if matches!(dtype, DType::Q5_0 | DType::Q5_1 | DType::Q5K) {
-                5
-            } else {
-                4
-            };
-            let mut tables: HashMap<usize, Vec<Value<'c, 'a>>> = HashMap::new();
-            codes
-                .iter()
-                .map(|&(code, g)| {
-                    let t = tables.entry(g).or_insert_with(|| table(b, affines[g], bits)).clone();
-                    lookup(b, &t, code)
-                })
-                .collect()
-        } else {
-            codes
-                .iter()
-                .map(|&(code, g)| apply(b, affines[g], code, lanes))
-                .collect()
-        }
     }
 
     /// The 16 unsigned 6-bit scales of a q3_k block (ggml's `kmask` unpacking), as i32 lanes:
