@@ -199,6 +199,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             },
         )?;
     }
+    // The process ends after this: freeing a large vocabulary's maps one string at a time
+    // would only delay the exit (~0.1 s for Qwen's 151k tokens on a 2-core EPYC).
+    std::mem::forget(tokenizer);
+    std::mem::forget(session.tokenizer);
     // Cancelled by Ctrl-C: a failed write, the other way to cancel, returned above.
     Ok(if generation.stop == StopReason::Cancelled {
         ExitCode::from(interrupt::EXIT_STATUS)

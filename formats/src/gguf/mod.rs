@@ -36,6 +36,7 @@ pub mod parse;
 pub mod permute;
 pub mod split;
 pub mod tokenizer;
+pub mod tokenizer_doc;
 pub mod weights;
 
 #[cfg(test)]

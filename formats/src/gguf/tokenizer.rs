@@ -37,6 +37,7 @@
 use super::error::GgufError;
 use super::model::Meta;
 use super::parse::{Array, GgufHeader, Value};
+use super::tokenizer_doc::TokenizerDoc;
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::{Map, Value as Json, json};
 use std::collections::{BTreeSet, HashMap};
@@ -360,19 +361,21 @@ pub fn vocab_from_header(header: &GgufHeader, path: &Path) -> Result<GgufVocab, 
     })
 }
 
-/// The Hugging Face `tokenizer.json` equivalent to `vocab` (see the module documentation).
-pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError> {
+/// The Hugging Face `tokenizer.json` equivalent to `vocab` (see the module documentation), as a
+/// document that serialises to it.
+pub fn tokenizer_json<'v>(vocab: &'v GgufVocab, path: &Path) -> Result<TokenizerDoc<'v>, GgufError> {
     let mut ids: HashMap<&str, u32> = HashMap::with_capacity(vocab.tokens.len());
-    let mut vocab_map = Map::with_capacity(vocab.tokens.len());
     for (i, t) in vocab.tokens.iter().enumerate() {
         // A repeated text keeps its last id, as llama.cpp's `token_to_id`.
         ids.insert(t.as_str(), i as u32);
     }
-    for (i, t) in vocab.tokens.iter().enumerate() {
-        if ids.get(t.as_str()) == Some(&(i as u32)) {
-            vocab_map.insert(t.clone(), json!(i));
-        }
-    }
+    let vocab_list: Vec<(&str, u32)> = vocab
+        .tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| ids.get(t.as_str()) == Some(&(*i as u32)))
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
     let added: Vec<Json> = vocab
         .tokens
         .iter()
@@ -391,7 +394,7 @@ pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError>
         })
         .collect();
 
-    let (normalizer, pre_tokenizer, decoder, model) = match vocab.kind {
+    let (normalizer, pre_tokenizer, decoder, model, merges) = match vocab.kind {
         VocabKind::Gpt2 => {
             let pre_name = vocab.pre.as_deref().unwrap_or("default");
             let (regexes, ignore_merges, _) = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
@@ -407,17 +410,21 @@ pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError>
             );
             // Merges whose parts or result are not tokens can never yield a token; the
             // `tokenizers` crate refuses them, so they are left out.
-            let merges: Vec<Json> = vocab
+            let mut joined = String::new();
+            let merges: Vec<(&str, &str)> = vocab
                 .merges
                 .iter()
                 .filter(|(a, b)| {
+                    joined.clear();
+                    joined.push_str(a);
+                    joined.push_str(b);
                     !a.is_empty()
                         && !b.is_empty()
                         && ids.contains_key(a.as_str())
                         && ids.contains_key(b.as_str())
-                        && ids.contains_key(format!("{a}{b}").as_str())
+                        && ids.contains_key(joined.as_str())
                 })
-                .map(|(a, b)| json!([a, b]))
+                .map(|(a, b)| (a.as_str(), b.as_str()))
                 .collect();
             (
                 Json::Null,
@@ -432,9 +439,8 @@ pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError>
                     "fuse_unk": false,
                     "byte_fallback": false,
                     "ignore_merges": ignore_merges,
-                    "vocab": vocab_map,
-                    "merges": merges,
                 }),
+                merges,
             )
         }
         VocabKind::SentencePiece => {
@@ -465,15 +471,14 @@ pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError>
                     "fuse_unk": true,
                     "byte_fallback": true,
                     "ignore_merges": false,
-                    "vocab": vocab_map,
-                    "merges": spm_merges(vocab, &ids),
                 }),
+                spm_merges(vocab, &ids),
             )
         }
     };
 
     let post_processor = post_processor(vocab);
-    Ok(json!({
+    let rest = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -482,13 +487,16 @@ pub fn tokenizer_json(vocab: &GgufVocab, path: &Path) -> Result<Json, GgufError>
         "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor,
         "decoder": decoder,
-        "model": model,
-    }))
+    });
+    let (Json::Object(rest), Json::Object(model)) = (rest, model) else {
+        unreachable!("both are objects")
+    };
+    Ok(TokenizerDoc::new(rest, model, vocab_list, merges))
 }
 
 /// SentencePiece scores as BPE merges: every split of every token into two tokens, ranked by
 /// the merged token's score (highest first), then merged id, left id, right id.
-fn spm_merges(vocab: &GgufVocab, ids: &HashMap<&str, u32>) -> Vec<Json> {
+fn spm_merges<'v>(vocab: &'v GgufVocab, ids: &HashMap<&str, u32>) -> Vec<(&'v str, &'v str)> {
     let score = |id: u32| vocab.scores.get(id as usize).copied().unwrap_or(0.0);
     let mut merges: Vec<(f32, u32, u32, u32)> = Vec::new();
     for (i, t) in vocab.tokens.iter().enumerate() {
@@ -510,7 +518,7 @@ fn spm_merges(vocab: &GgufVocab, ids: &HashMap<&str, u32>) -> Vec<Json> {
     });
     merges
         .into_iter()
-        .map(|(_, _, l, r)| json!([vocab.tokens[l as usize], vocab.tokens[r as usize]]))
+        .map(|(_, _, l, r)| (vocab.tokens[l as usize].as_str(), vocab.tokens[r as usize].as_str()))
         .collect()
 }
 
