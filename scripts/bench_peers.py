@@ -3,6 +3,7 @@
 
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
+                                   [--quant Q4_K_M] [--avx2]
 
 Sets up from PyPI what it needs (`llama-cpp-python`, `gguf`, and llama.cpp's
 `convert_hf_to_gguf.py` taken from the llama-cpp-python source distribution), converts the
@@ -12,8 +13,15 @@ repetition, with a short rest between runs. Both engines get the same synthetic 
 (the ones `kiln bench` uses) and decode greedily for the same number of tokens.
 
 Writes a Markdown table (date, CPU, threads, load average, medians, Kiln/llama.cpp ratios) to
-bench/results/ and prints it. A GGUF file can be given instead of a folder with --gguf (then
-Kiln runs that same file too).
+bench/results/ and prints it. A GGUF file can be given instead of a folder (then Kiln runs that
+same file too). `--quant FTYPE` quantises that GGUF with llama.cpp's own quantiser first
+(`llama_model_quantize`, as `llama-quantize` does) and both engines read the quantised file.
+
+`--avx2` compares the AVX2 code of both engines on any x86-64 machine: Kiln compiles with
+`--target-cpu x86-64-v3`, and llama.cpp runs from a build of the same vendored sources made
+here with cmake for AVX2 + FMA + F16C only (`GGML_NATIVE=OFF`, AVX-512 off; cached under
+$KILN_SCRIPTS_CACHE, built once in about 10 minutes on 2 cores). Each table records the
+instruction sets llama.cpp reports (`llama_print_system_info`).
 """
 
 import os as _os
@@ -31,6 +39,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,6 +83,79 @@ def converter(version):
     sources = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sources)
     return sources.llama_cpp_dir(version) / "convert_hf_to_gguf.py"
+
+
+def cmake_program():
+    """A cmake (the system's, else the PyPI wheel's, installed on demand)."""
+    found = shutil.which("cmake")
+    if found:
+        return found
+    pip_install("cmake")
+    beside = pathlib.Path(sys.executable).parent / "cmake"
+    return str(beside) if beside.exists() else (shutil.which("cmake") or sys.exit("cmake not found after pip install"))
+
+
+# llama.cpp's CPU backend for AVX2 machines (Haswell and later, AMD Zen): no AVX-512, no VNNI.
+AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+              "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF"]
+
+
+def llama_avx2_libs(version):
+    """A folder with libllama and its ggml libraries built for AVX2 from the sources llama-cpp-python
+    `version` vendors (so its Python bindings load them: LLAMA_CPP_LIB_PATH)."""
+    out = WORK / f"llama-cpp-{version}-avx2"
+    if (out / "libllama.so").exists():
+        return out
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(_here) / "llama_cpp_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    src = sources.llama_cpp_dir(version)
+    build = WORK / f"llama-cpp-{version}-avx2-build"
+    cmake = cmake_program()
+    log(f"building llama.cpp {version} for AVX2 into {out} (about 10 minutes on 2 cores)")
+    subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", *AVX2_FLAGS],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cmake, "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)],
+                   check=True, stdout=subprocess.DEVNULL)
+    libs = [f for f in build.rglob("lib*.so*") if f.name.startswith(("libllama.", "libggml"))]
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in libs:
+        shutil.copy2(f, tmp / f.name, follow_symlinks=True)
+    if not (tmp / "libllama.so").exists():
+        sys.exit(f"the AVX2 build made no libllama.so (found: {', '.join(sorted(f.name for f in libs))})")
+    tmp.rename(out)
+    return out
+
+
+QUANTISER = r"""
+import sys, llama_cpp
+src, dst, ftype = sys.argv[1], sys.argv[2], sys.argv[3]
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + ftype)
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params))
+"""
+
+
+def quantise(gguf_path, ftype):
+    """`gguf_path` quantised to `ftype` (Q4_K_M, Q8_0, ...) by llama.cpp's own quantiser, cached."""
+    st = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    out = WORK / "gguf" / f"{gguf_path.stem}-{key}-{ftype}.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    log(f"quantising {gguf_path.name} to {ftype} with llama.cpp's quantiser")
+    subprocess.run([sys.executable, "-c", QUANTISER, str(gguf_path), str(tmp), ftype], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp.rename(out)
+    return out
 
 
 def model_dtype(model_dir):
@@ -125,19 +207,24 @@ def once():
     return len(prompt) / p, gen / d
 once()  # warm-up, as kiln bench does
 p, d = once()
-print(json.dumps({"prefill_tok_s": p, "decode_tok_s": d}))
+info = llama_cpp.llama_print_system_info().decode()
+print(json.dumps({"prefill_tok_s": p, "decode_tok_s": d, "system_info": info}))
 """
 
 
-def run_llama(gguf_path, threads, prompt, gen):
+def run_llama(gguf_path, threads, prompt, gen, lib_dir=None):
+    env = dict(os.environ)
+    if lib_dir:
+        env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
     r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen)],
-                       capture_output=True, text=True, check=True)
+                       capture_output=True, text=True, check=True, env=env)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_kiln(kiln, model, threads, prompt_tokens, gen):
+def run_kiln(kiln, model, threads, prompt_tokens, gen, target_cpu=None):
+    extra = ["--target-cpu", target_cpu] if target_cpu else []
     r = subprocess.run([kiln, "bench", str(model), "--prompt-tokens", str(prompt_tokens), "--gen-tokens", str(gen),
-                        "--reps", "1", "--threads", str(threads), "--json"], capture_output=True, text=True)
+                        "--reps", "1", "--threads", str(threads), "--json", *extra], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"kiln bench failed: {r.stderr}")
     return json.loads(r.stdout)
@@ -178,6 +265,11 @@ def main():
     ap.add_argument("--rest", type=float, default=3.0, help="seconds of rest between runs")
     ap.add_argument("--kiln", default=str(ROOT / "target" / "release" / "kiln"))
     ap.add_argument("--label", default=None, help="name used in the results file")
+    ap.add_argument("--quant", default=None, metavar="FTYPE",
+                    help="quantise the GGUF with llama.cpp's quantiser first (Q4_K_M, Q4_0, Q5_K_M, Q6_K, Q8_0, ...); "
+                         "both engines then read that file")
+    ap.add_argument("--avx2", action="store_true",
+                    help="compare the AVX2 code of both: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2")
     args = ap.parse_args()
 
     model = pathlib.Path(args.model).resolve()
@@ -186,12 +278,17 @@ def main():
         gguf_path, outtype = model, "gguf"
     else:
         gguf_path, outtype = to_gguf(model, version)
+    if args.quant:
+        gguf_path, outtype = quantise(gguf_path, args.quant), args.quant
+        model = gguf_path
     prompt = kiln_prompt_ids(args.kiln, model, args.prompt_tokens)
     assert len(prompt) == args.prompt_tokens
 
+    target_cpu = "x86-64-v3" if args.avx2 else None
+    lib_dir = llama_avx2_libs(version) if args.avx2 else None
     engines = {
-        "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens),
-        "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens),
+        "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens, target_cpu),
+        "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens, lib_dir),
     }
     results = {name: [] for name in engines}
     loads = [loadavg()]
@@ -209,7 +306,12 @@ def main():
     k, l = med["kiln"], med["llama.cpp"]
     last_kiln = results["kiln"][-1]
     now = datetime.datetime.now(datetime.timezone.utc)
-    label = args.label or (model.stem if model.suffix == ".gguf" else model.name)
+    given = pathlib.Path(args.model)
+    label = args.label or ((given.stem if given.suffix == ".gguf" else given.name) + (f"-{args.quant}" if args.quant else ""))
+    if args.avx2:
+        label += "-avx2"
+    llama_isa = " | ".join(f for f in results["llama.cpp"][-1].get("system_info", "").split(" | ")
+                           if f.startswith(("AVX", "FMA", "F16C", "AMX")) and f.endswith("= 1")) or "n/a"
     lines = [
         f"# Kiln vs llama.cpp — {label}",
         "",
@@ -218,6 +320,8 @@ def main():
         f"- threads: {args.threads} (both engines)",
         f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}",
         f"- model: `{model}`; llama.cpp reads `{gguf_path.name}` ({outtype}); llama-cpp-python {version}",
+        f"- code: Kiln {'--target-cpu ' + target_cpu if target_cpu else 'for this CPU'}; llama.cpp "
+        f"{'built here for AVX2 (' + str(lib_dir) + ')' if lib_dir else 'as pip built it'}, reporting {llama_isa}",
         f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
         f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
         "",
