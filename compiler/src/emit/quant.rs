@@ -208,24 +208,19 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
                 d: self.blk.f16(0, lanes),
                 m: self.blk.f16(2, lanes),
             },
-            DType::Q2K => {
+            DType::Q2K | DType::Q4K | DType::Q5K => {
+                // The scale vector holds the scale groups' factors, then their mins.
+                let groups = if self.dtype == DType::Q2K { 16 } else { 8 };
                 let s = self.scales();
                 Affine::MulSub {
                     d: splat(b, s, sg, lanes),
-                    m: splat(b, s, 16 + sg, lanes),
+                    m: splat(b, s, groups + sg, lanes),
                 }
             }
             DType::Q3K => Affine::Offset {
                 d: splat(b, self.scales(), sg, lanes),
                 off: 4,
             },
-            DType::Q4K | DType::Q5K => {
-                let s = self.scales();
-                Affine::MulSub {
-                    d: splat(b, s, sg, lanes),
-                    m: splat(b, s, 8 + sg, lanes),
-                }
-            }
             DType::Q6K => Affine::Offset {
                 d: splat(b, self.scales(), sg, lanes),
                 off: 32,
