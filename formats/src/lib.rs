@@ -7,3 +7,4 @@ pub mod hub;
 pub mod loader;
 pub mod model;
 pub mod overlap;
+pub mod page_in;

@@ -104,7 +104,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
 
 fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
-    let tokenizer = Tokenizer::from_dir(&loaded.dir)?;
+    // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
+    let tokenizer = std::thread::scope(|s| {
+        s.spawn(|| loaded.weights.page_in());
+        Tokenizer::from_dir(&loaded.dir)
+    })?;
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
     let weights = SafetensorsWeights::bind(loaded.weights, &loaded.spec)?;
     Ok(Model {

@@ -132,7 +132,11 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
             ),
         });
     }
-    let tokenizer = tokenizer::build_tokenizer(&vocab, path)?;
+    // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
+    let tokenizer = std::thread::scope(|s| {
+        s.spawn(|| maps.iter().for_each(|m| crate::page_in::page_in(m)));
+        tokenizer::build_tokenizer(&vocab, path)
+    })?;
     let weights = GgufWeights::from_parts(path, maps, header, &spec)?;
     Ok(LoadedGguf {
         path: path.to_path_buf(),

@@ -110,6 +110,13 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Maps every weight file's pages in now ([`crate::page_in::page_in`]).
+    pub fn page_in(&self) {
+        for f in &self.files {
+            crate::page_in::page_in(&f.map);
+        }
+    }
+
     /// Opens the weights of the model folder `dir`: `model.safetensors` if it exists (as
     /// `transformers` prefers it), else the shards listed in `model.safetensors.index.json`.
     /// Either name being something other than a regular file (a FIFO, a directory, a symlink

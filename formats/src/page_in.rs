@@ -1,0 +1,67 @@
+//! Paging mapped weights in while the tokenizer is being built, instead of at their first use.
+//!
+//! Weights are memory-mapped, so the first forward pass touched every page for the first time:
+//! a page fault per 4 KiB even when the file is in the page cache (a one-token run of a cached
+//! 384 MB Q4_K_M GGUF spent 0.12–0.15 s of its prefill in faults on a 2-core EPYC), and a read
+//! from disk when it is not. The loaders call [`page_in`] on a second thread while the first
+//! builds the tokenizer (0.3–0.5 s for a 151k-token vocabulary), so that cost is hidden and the
+//! first token's kernels find their pages mapped.
+
+/// Asks the kernel to map every page of `bytes` (part of a file mapping) now, as reads would:
+/// `MADV_POPULATE_READ` (Linux 5.14), else `MADV_WILLNEED` (read-ahead only). Best effort: an
+/// error changes nothing but the speed of the first touch. Skipped when `bytes` is more than
+/// half the machine's memory, where mapping it all would only push other pages out.
+pub fn page_in(bytes: &[u8]) {
+    if bytes.is_empty() || bytes.len() as u64 > physical_memory() / 2 {
+        return;
+    }
+    let page = page_size();
+    let start = bytes.as_ptr() as usize;
+    let aligned = start - start % page;
+    let len = bytes.len() + (start - aligned);
+    // SAFETY: madvise only reads the range's pages in on the kernel side; the range lies
+    // within (or rounds down to the page holding the start of) a mapping `bytes` borrows, so it
+    // stays mapped for the whole call.
+    let populated = unsafe { libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_POPULATE_READ) } == 0;
+    if !populated {
+        // SAFETY: as above; MADV_WILLNEED only starts read-ahead of the same range.
+        unsafe { libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_WILLNEED) };
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 { size as usize } else { 4096 }
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads constants of the system; no memory is passed.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    if pages > 0 {
+        pages as u64 * page_size() as u64
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    /// Paging in a file mapping leaves its bytes as they are (any sub-range, aligned or not),
+    /// and an empty slice is a no-op.
+    #[test]
+    fn paging_in_changes_no_byte() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        // SAFETY: a private temporary file no one else writes while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        page_in(&map);
+        page_in(&map[4097..9000]);
+        page_in(&map[..0]);
+        assert_eq!(&map[..], &data[..]);
+    }
+}
