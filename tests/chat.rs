@@ -1129,3 +1129,33 @@ fn hub_errors_are_clear_and_leave_no_half_written_files() {
         "resumed with Range"
     );
 }
+
+/// `kiln chat --json` reports in its `ready` event the sampling it will use and where each value
+/// came from, as `kiln run --json` does: a flag, the model's generation_config.json, or
+/// llama.cpp's default.
+#[test]
+fn the_ready_event_reports_the_sampling_and_where_each_value_came_from() {
+    let model = qwen2_chat();
+    std::fs::write(
+        model.path().join("generation_config.json"),
+        r#"{"bos_token_id": 1000, "eos_token_id": 1000, "do_sample": true, "top_p": 0.8}"#,
+    )
+    .unwrap();
+    let extra = ["--top-k", "5", "--seed", "7"];
+    let (events, _) = chat_transcript(cache_dir(), model.path(), &extra, b"/exit\n");
+    assert_eq!(events[0]["event"], "ready");
+    let s = &events[0]["sampling"];
+    let float = |key: &str| s[key].as_f64().unwrap_or_else(|| panic!("{key}: {s}"));
+    // chat_transcript passes --temperature 0.
+    assert_eq!(float("temperature"), 0.0, "{s}");
+    assert_eq!(s["from"]["temperature"], "flag", "{s}");
+    assert_eq!(s["top_k"], 5, "{s}");
+    assert_eq!(s["from"]["top_k"], "flag", "{s}");
+    assert!((float("top_p") - 0.8).abs() < 1e-6, "{s}");
+    assert_eq!(s["from"]["top_p"], "generation_config.json", "{s}");
+    assert!((float("min_p") - 0.05).abs() < 1e-6, "{s}");
+    assert_eq!(s["from"]["min_p"], "default", "{s}");
+    assert_eq!(s["greedy"], true, "{s}");
+    assert_eq!(s["seed"], 7, "{s}");
+    assert_eq!(events[0]["seed"], 7);
+}
