@@ -102,35 +102,31 @@ AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FM
 
 
 def llama_avx2_libs(version):
-    """A folder with libllama and its ggml libraries built for AVX2 from the sources llama-cpp-python
-    `version` vendors (so its Python bindings load them: LLAMA_CPP_LIB_PATH)."""
-    out = WORK / f"llama-cpp-{version}-avx2"
-    if (out / "libllama.so").exists():
-        return out
+    """The folder of libllama and its ggml libraries built for AVX2 from the sources llama-cpp-python
+    `version` vendors (its Python bindings load them from there: LLAMA_CPP_LIB_PATH). The build's
+    own `bin` folder, where cmake links them next to each other: copies elsewhere would still
+    find their ggml libraries through the RUNPATH cmake gives them."""
+    build = WORK / f"llama-cpp-{version}-avx2-build"
+    libs = build / "bin"
+    if (libs / "libllama.so").exists():
+        return libs
     import importlib.util
     spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(_here) / "llama_cpp_sources.py")
     sources = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sources)
     src = sources.llama_cpp_dir(version)
-    build = WORK / f"llama-cpp-{version}-avx2-build"
     cmake = cmake_program()
-    log(f"building llama.cpp {version} for AVX2 into {out} (about 10 minutes on 2 cores)")
+    log(f"building llama.cpp {version} for AVX2 in {build} (about 10 minutes on 2 cores)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
                     "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", *AVX2_FLAGS],
                    check=True, stdout=subprocess.DEVNULL)
+    # libllama.so is linked last, so its presence means the build finished.
     subprocess.run([cmake, "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)],
                    check=True, stdout=subprocess.DEVNULL)
-    libs = [f for f in build.rglob("lib*.so*") if f.name.startswith(("libllama.", "libggml"))]
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in libs:
-        shutil.copy2(f, tmp / f.name, follow_symlinks=True)
-    if not (tmp / "libllama.so").exists():
-        sys.exit(f"the AVX2 build made no libllama.so (found: {', '.join(sorted(f.name for f in libs))})")
-    tmp.rename(out)
-    return out
+    if not (libs / "libllama.so").exists():
+        sys.exit(f"the AVX2 build of llama.cpp made no {libs / 'libllama.so'}")
+    return libs
 
 
 QUANTISER = r"""
