@@ -55,6 +55,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     }
     let opts = OpenOptions {
         progress: !args.json,
+        page_in: true,
         ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;

@@ -238,6 +238,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     let opts = OpenOptions {
         ctx: args.ctx,
         progress: !args.json && !args.quiet,
+        page_in: true,
         ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;

@@ -116,6 +116,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let opts = OpenOptions {
         ctx: args.ctx,
         progress: !args.json && !args.quiet,
+        page_in: true,
         ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
@@ -623,7 +624,10 @@ pub struct DebugArgs {
 /// `kiln debug`: one JSON object with the prompt's token ids, the residual stream after the
 /// embedding and after each layer (last token, or every token), and the last logits.
 pub fn debug_layers(args: &DebugArgs) -> Result<()> {
-    let opts = args.build.open_options();
+    let opts = OpenOptions {
+        page_in: true,
+        ..args.build.open_options()
+    };
     let prepared = PreparedModel::open(&args.model, &opts)?;
     let prompt = args.prompt.as_deref().unwrap_or_default();
     let ids = if let Some(ids) = &args.ids {

@@ -43,6 +43,9 @@ pub struct OpenOptions {
     /// Build for this x86-64 level (`x86-64-v3` is AVX2 + FMA) instead of the host CPU: the
     /// library must still run here, so the level must be one this CPU has.
     pub target_cpu: Option<String>,
+    /// Map the weights' pages in while the tokenizer is built: for commands that run the model
+    /// (`run`, `chat`, `bench`, `debug`), not for those that only read its headers.
+    pub page_in: bool,
 }
 
 /// What every command that opens a model takes from the command line (`--threads`,
@@ -377,6 +380,7 @@ impl PreparedModel {
             &path,
             &LoadOptions {
                 dequantize: opts.dequantize,
+                page_in: opts.page_in,
             },
         )?;
         let mut weights = m.weights;

@@ -57,6 +57,9 @@ pub struct Model {
 pub struct LoadOptions {
     /// Convert every quantised tensor to this float type at load (`--dequantize bf16|f32`).
     pub dequantize: Option<DType>,
+    /// Map the weights' pages in while the tokenizer is built (see [`crate::page_in`]): for a
+    /// model about to run; `compile` and `info`, which read only headers, leave it off.
+    pub page_in: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,15 +101,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
                 path: path.to_path_buf(),
             })
         }
-        _ => load_safetensors(path),
+        _ => load_safetensors(path, opts.page_in),
     }
 }
 
-fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
+fn load_safetensors(path: &Path, page_in: bool) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
     let tokenizer = std::thread::scope(|s| {
-        s.spawn(|| loaded.weights.page_in());
+        if page_in {
+            s.spawn(|| loaded.weights.page_in());
+        }
         Tokenizer::from_dir(&loaded.dir)
     })?;
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
@@ -126,7 +131,7 @@ fn load_safetensors(path: &Path) -> Result<Model, LoadError> {
 }
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
-    let g = gguf::load(path)?;
+    let g = gguf::load_with(path, opts.page_in)?;
     let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;

@@ -1,11 +1,13 @@
 //! Paging mapped weights in while the tokenizer is being built, instead of at their first use.
 //!
-//! Weights are memory-mapped, so the first forward pass touched every page for the first time:
-//! a page fault per 4 KiB even when the file is in the page cache (a one-token run of a cached
-//! 384 MB Q4_K_M GGUF spent 0.12–0.15 s of its prefill in faults on a 2-core EPYC), and a read
-//! from disk when it is not. The loaders call [`page_in`] on a second thread while the first
-//! builds the tokenizer (0.3–0.5 s for a 151k-token vocabulary), so that cost is hidden and the
-//! first token's kernels find their pages mapped.
+//! Weights are memory-mapped, so the first forward pass took the page faults itself (with the
+//! kernel's fault-around, ~5k of them for a cached 384 MB Q4_K_M GGUF) and, when the file is
+//! not in the page cache, waited for its reads. The loaders call [`page_in`] on a second thread
+//! while the first builds the tokenizer (0.3–0.5 s for a 151k-token vocabulary): measured on a
+//! 2-core EPYC, the first prefill of a one-token run went from 0.106–0.139 s to 0.083–0.105 s
+//! with the file cached. Only commands that are about to run the model ask for it
+//! (`LoadOptions::page_in`): for `compile` or `info`, which read headers, it would read the
+//! whole file for nothing.
 
 /// Asks the kernel to map every page of `bytes` (part of a file mapping) now, as reads would:
 /// `MADV_POPULATE_READ` (Linux 5.14), else `MADV_WILLNEED` (read-ahead only). Best effort: an

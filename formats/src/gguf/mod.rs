@@ -118,6 +118,12 @@ pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
 /// q/k rows reordered) and tokenizer. `path` may be the first part of a split model (see
 /// [`split`]).
 pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
+    load_with(path, false)
+}
+
+/// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in`
+/// (see [`crate::page_in`]).
+pub fn load_with(path: &Path, page_in: bool) -> Result<LoadedGguf, GgufError> {
     let split::GgufFiles { paths, maps, header } = split::open_model(path)?;
     let bytes: Vec<&[u8]> = maps.iter().map(|m| &m[..]).collect();
     let spec = model::spec_from_parts(&header, &bytes, path)?;
@@ -134,7 +140,9 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
     }
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
     let tokenizer = std::thread::scope(|s| {
-        s.spawn(|| maps.iter().for_each(|m| crate::page_in::page_in(m)));
+        if page_in {
+            s.spawn(|| maps.iter().for_each(|m| crate::page_in::page_in(m)));
+        }
         tokenizer::build_tokenizer(&vocab, path)
     })?;
     let weights = GgufWeights::from_parts(path, maps, header, &spec)?;
