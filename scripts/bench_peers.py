@@ -76,13 +76,19 @@ def ensure_llama_cpp():
     return llama_cpp.__version__
 
 
-def converter(version):
-    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist of this version."""
+def llama_cpp_dir(version):
+    """llama.cpp's sources vendored in the llama-cpp-python sdist of this version
+    (scripts/llama_cpp_sources.py, imported by path: this folder is kept off sys.path)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(_here) / "llama_cpp_sources.py")
     sources = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sources)
-    return sources.llama_cpp_dir(version) / "convert_hf_to_gguf.py"
+    return sources.llama_cpp_dir(version)
+
+
+def converter(version):
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist of this version."""
+    return llama_cpp_dir(version) / "convert_hf_to_gguf.py"
 
 
 def cmake_program():
@@ -110,11 +116,7 @@ def llama_avx2_libs(version):
     libs = build / "bin"
     if (libs / "libllama.so").exists():
         return libs
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("llama_cpp_sources", pathlib.Path(_here) / "llama_cpp_sources.py")
-    sources = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sources)
-    src = sources.llama_cpp_dir(version)
+    src = llama_cpp_dir(version)
     cmake = cmake_program()
     log(f"building llama.cpp {version} for AVX2 in {build} (about 10 minutes on 2 cores)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON",
