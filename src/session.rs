@@ -46,6 +46,8 @@ pub struct OpenOptions {
     /// Map the weights' pages in while the tokenizer is built: for commands that run the model
     /// (`run`, `chat`, `bench`, `debug`), not for those that only read its headers.
     pub page_in: bool,
+    /// Sequences with their own KV cache (`kiln serve --parallel`); 0 means 1.
+    pub slots: usize,
 }
 
 /// What every command that opens a model takes from the command line (`--threads`,
@@ -122,6 +124,7 @@ fn engine_config(opts: &OpenOptions) -> EngineConfig {
     EngineConfig {
         threads: opts.threads,
         ctx: opts.ctx,
+        slots: opts.slots.max(1),
         ..EngineConfig::default()
     }
 }

@@ -334,6 +334,68 @@ fn longrope_crossing_while_decoding_matches_transformers_kv_cache() {
     assert!(diff <= LOGIT_TOLERANCE, "logits after crossing differ by {diff}");
 }
 
+/// Continuous batching's contract: a sequence's logits are bitwise the same whether its
+/// decode step runs alone or in one batched step with other sequences (each in its own KV
+/// slot, at its own position), on every fixture (learned positions, sliding windows, LongRoPE,
+/// soft caps). Three sequences of different lengths decode together; each is compared with
+/// the same sequence decoded alone in slot 0.
+#[test]
+fn batched_decode_equals_each_sequence_alone() {
+    for name in models() {
+        let mut session = open_opts(
+            &name,
+            OpenOptions {
+                threads: Some(2),
+                slots: 3,
+                ..OpenOptions::default()
+            },
+        );
+        let cases = golden(&name).cases;
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|i| {
+                let ids = &cases[i % cases.len()].prompt_token_ids;
+                // Different lengths, so the rows sit at different positions.
+                ids[..ids.len().saturating_sub(i).max(1)].to_vec()
+            })
+            .collect();
+        let steps = 6;
+        // Alone: slot 0, one sequence at a time.
+        let alone: Vec<Vec<Vec<f32>>> = prompts
+            .iter()
+            .map(|p| {
+                let e = &mut session.engine;
+                e.reset();
+                let mut logits = vec![e.prefill(p).expect("prefill").to_vec()];
+                for _ in 0..steps {
+                    let next = argmax(logits.last().unwrap()) as u32;
+                    logits.push(e.decode(next).expect("decode").to_vec());
+                }
+                logits
+            })
+            .collect();
+        // Together: each prompt in its own slot, then every decode step batched.
+        let e = &mut session.engine;
+        let vocab = e.spec().dims.vocab_size;
+        let mut last: Vec<Vec<f32>> = Vec::new();
+        for (slot, p) in prompts.iter().enumerate() {
+            e.truncate_in(slot, 0);
+            last.push(e.prefill_in(slot, p).expect("prefill").to_vec());
+            assert_eq!(last[slot], alone[slot][0], "{name}: prefill in slot {slot}");
+        }
+        for step in 1..=steps {
+            let batch: Vec<(usize, u32)> = (0..3).map(|s| (s, argmax(&last[s]) as u32)).collect();
+            let logits = e.decode_batch(&batch).expect("batched decode");
+            for ((s, row), seq) in logits.chunks(vocab).enumerate().zip(&alone) {
+                assert!(
+                    row == &seq[step][..],
+                    "{name}: step {step}, sequence {s}: batched logits differ from decoding it alone"
+                );
+                last[s] = row.to_vec();
+            }
+        }
+    }
+}
+
 #[test]
 fn generation_continues_across_prefill_calls() {
     // Prefilling a prompt in two calls must equal prefilling it at once (the chat path

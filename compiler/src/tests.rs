@@ -178,16 +178,31 @@ impl TestLib {
     }
 
     /// Calls a kernel once per thread id, in turn (threads only partition the work).
-    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
+    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, nth: usize) {
         // The call's work counter, shared by its threads and zero when the call starts.
         let mut work = [0u64; WORK_COUNTER_BYTES / 8];
         let p = slots(ptrs, work.as_mut_ptr() as *mut u8);
         let f = self.get(k);
         for tid in 0..nth {
             // SAFETY: ABI signature; the buffers match the kernel's shapes.
-            unsafe { kiln_core::abi::invoke(*f, p, rows as i64, pos as i64, tid as i64, nth as i64) };
+            unsafe { kiln_core::abi::invoke(*f, p, rows as i64, tid as i64, nth as i64) };
         }
     }
+}
+
+/// A `row_info` buffer for `rows` rows: row `r` of `slot` at position `pos + r`, in a forward
+/// call ending at `seq_end`.
+fn row_info(rows: usize, slot: usize, pos: usize, seq_end: usize) -> Vec<i32> {
+    (0..rows)
+        .flat_map(|r| {
+            kiln_core::graph::RowInfo {
+                position: (pos + r) as u32,
+                slot: slot as u32,
+                seq_end: seq_end as u32,
+            }
+            .encode()
+        })
+        .collect()
 }
 
 /// The ABI's pointer slots: `ptrs` first, `work` in the work counter's slot, the rest null.
@@ -231,8 +246,8 @@ impl Compiled {
             .cloned()
             .expect("kernel in the set")
     }
-    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, pos: usize, nth: usize) {
-        self.lib.call(k, ptrs, rows, pos, nth)
+    fn call(&self, k: &Kernel, ptrs: &[*mut u8], rows: usize, nth: usize) {
+        self.lib.call(k, ptrs, rows, nth)
     }
 }
 
@@ -353,7 +368,7 @@ fn matmul_all_dtypes_prefill_and_decode() {
                     .collect(),
                 None => x.iter().map(|&v| v as f64).collect(),
             };
-            c.call(k, &ptrs, rows, 0, nth);
+            c.call(k, &ptrs, rows, nth);
             let mut want = Vec::new();
             for r in 0..rows {
                 for j in 0..n {
@@ -424,7 +439,7 @@ fn decode_gate_up_normalises_projects_and_activates() {
                 ptr(&mut u),
                 ptr(&mut wn),
             ];
-            c.call(k, &ptrs, 1, 0, nth);
+            c.call(k, &ptrs, 1, nth);
             let xn = rms_normed(&x, &wnv, nm.eps.get());
             let want: Vec<f64> = (0..n)
                 .map(|j| {
@@ -458,7 +473,7 @@ fn rmsnorm_embed_and_silu() {
             let mut x = rng.vec(max_rows * H);
             let (mut wb, wv) = weights(&mut rng, H, DType::BF16);
             let mut y = vec![0f32; max_rows * H];
-            c.call(&k, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y)], rows, 0, 2);
+            c.call(&k, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y)], rows, 2);
             let mut want = Vec::new();
             for r in 0..rows {
                 let row = &x[r * H..(r + 1) * H];
@@ -473,7 +488,7 @@ fn rmsnorm_embed_and_silu() {
         let mut tokens: Vec<i32> = (0..max_rows as i32).map(|i| (i * 37 + 5) % VOCAB as i32).collect();
         let (mut table, tv) = weights(&mut rng, VOCAB * H, DType::BF16);
         let mut out = vec![0f32; max_rows * H];
-        c.call(&k, &[ptr(&mut tokens), ptr(&mut table), ptr(&mut out)], rows, 0, 2);
+        c.call(&k, &[ptr(&mut tokens), ptr(&mut table), ptr(&mut out)], rows, 2);
         for r in 0..rows {
             let t = tokens[r] as usize;
             assert_eq!(&out[r * H..(r + 1) * H], &tv[t * H..(t + 1) * H]);
@@ -486,7 +501,7 @@ fn rmsnorm_embed_and_silu() {
         let mut g = rng.vec(max_rows * I).iter().map(|v| v * 6.0).collect::<Vec<_>>();
         let mut u = rng.vec(max_rows * I);
         let g0 = g.clone();
-        c.call(&k, &[ptr(&mut g), ptr(&mut u)], rows, 0, 2);
+        c.call(&k, &[ptr(&mut g), ptr(&mut u)], rows, 2);
         let want: Vec<f64> = (0..rows * I)
             .map(|i| g0[i] as f64 / (1.0 + (-(g0[i] as f64)).exp()) * u[i] as f64)
             .collect();
@@ -527,17 +542,20 @@ fn rope_kv_with_and_without_qk_norm() {
             let mut q = rng.vec(max_rows * HEADS * D);
             let mut kk = rng.vec(max_rows * KV * D);
             let mut v = rng.vec(max_rows * KV * D);
-            let mut kc = vec![0f32; CTX * KV * D];
-            let mut vc = vec![0f32; CTX * KV * D];
+            // Two slots' caches; the rows belong to slot 1.
+            let mut kc = vec![0f32; 2 * CTX * KV * D];
+            let mut vc = vec![0f32; 2 * CTX * KV * D];
             let (mut qn, qnv) = weights(&mut rng, D, DType::BF16);
             let (mut kn, knv) = weights(&mut rng, D, DType::BF16);
             let (q0, k0) = (q.clone(), kk.clone());
+            let mut info = row_info(rows, 1, pos, pos + rows);
             let mut ptrs = vec![ptr(&mut q), ptr(&mut kk), ptr(&mut v), ptr(&mut kc), ptr(&mut vc)];
             if qk {
                 ptrs.push(ptr(&mut qn));
                 ptrs.push(ptr(&mut kn));
             }
-            c.call(&k, &ptrs, rows, pos, 3);
+            ptrs.push(ptr(&mut info));
+            c.call(&k, &ptrs, rows, 3);
             for r in 0..rows {
                 for h in 0..HEADS {
                     let s = r * HEADS * D + h * D;
@@ -550,12 +568,13 @@ fn rope_kv_with_and_without_qk_norm() {
                     let mut want: Vec<f64> = k0[s..s + D].iter().map(|v| *v as f64).collect();
                     rope_ref(&mut want, pos + r, qk.then_some(&knv[..]));
                     assert_close(&kk[s..s + D], &want, 2e-6, "rope k");
-                    // The caches are head-major: [kv_heads, ctx, head_dim].
-                    let c0 = (h * CTX + pos + r) * D;
+                    // The caches are slot-major, then head-major: [slots, kv_heads, ctx, head_dim].
+                    let c0 = ((KV + h) * CTX + pos + r) * D;
                     assert_eq!(&kc[c0..c0 + D], &kk[s..s + D], "k cache row");
                     assert_eq!(&vc[c0..c0 + D], &v[s..s + D], "v cache row");
                 }
             }
+            assert!(kc[..CTX * KV * D].iter().all(|&x| x == 0.0), "slot 0 untouched");
         }
     }
 }
@@ -571,19 +590,28 @@ fn attention_causal_gqa_and_sliding_window() {
             );
             let (rows, pos) = (max_rows.min(7), 11);
             let mut q = rng.vec(max_rows * HEADS * D);
-            let mut kc = rng.vec(CTX * KV * D);
-            let mut vc = rng.vec(CTX * KV * D);
+            // Two slots' caches. Rows of one call may belong to different sequences (a batched
+            // decode step): row r is in slot r % 2 at position pos + 2r.
+            let mut kc = rng.vec(2 * CTX * KV * D);
+            let mut vc = rng.vec(2 * CTX * KV * D);
             let mut out = vec![0f32; max_rows * HEADS * D];
+            let place = |r: usize| (r % 2, pos + 2 * r);
+            let mut info: Vec<i32> = (0..max_rows)
+                .flat_map(|r| {
+                    let (slot, p) = place(r);
+                    row_info(1, slot, p, p + 1)
+                })
+                .collect();
             c.call(
                 &k,
-                &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out)],
+                &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out), ptr(&mut info)],
                 rows,
-                pos,
                 2,
             );
             let scale = 1.0 / (D as f64).sqrt();
             for r in 0..rows {
-                let p = pos + r;
+                let (slot, p) = place(r);
+                let g0 = slot * KV;
                 let first = window.map(|w| (p + 1).saturating_sub(w)).unwrap_or(0);
                 for h in 0..HEADS {
                     let g = h / (HEADS / KV);
@@ -591,7 +619,7 @@ fn attention_causal_gqa_and_sliding_window() {
                     let scores: Vec<f64> = (first..=p)
                         .map(|j| {
                             (0..D)
-                                .map(|i| qs[i] as f64 * kc[(g * CTX + j) * D + i] as f64)
+                                .map(|i| qs[i] as f64 * kc[((g0 + g) * CTX + j) * D + i] as f64)
                                 .sum::<f64>()
                                 * scale
                         })
@@ -603,7 +631,7 @@ fn attention_causal_gqa_and_sliding_window() {
                         .map(|i| {
                             (first..=p)
                                 .zip(&e)
-                                .map(|(j, w)| w / z * vc[(g * CTX + j) * D + i] as f64)
+                                .map(|(j, w)| w / z * vc[((g0 + g) * CTX + j) * D + i] as f64)
                                 .sum()
                         })
                         .collect();
@@ -689,7 +717,7 @@ fn matmul_work_split_under_concurrency() {
                         let a = slots(&[p(0), p(1), p(2), bias_ptr], work_addr as *mut u8);
                         // SAFETY: ABI signature; buffers sized for the kernel; threads write
                         // disjoint outputs (the split hands each output to one thread).
-                        unsafe { kiln_core::abi::invoke(**f, a, rows as i64, 0, tid as i64, nth as i64) };
+                        unsafe { kiln_core::abi::invoke(**f, a, rows as i64, tid as i64, nth as i64) };
                     });
                 }
             });

@@ -30,13 +30,14 @@ pub struct PositionTable {
 
 /// One kernel instance. `max_rows` is the static row capacity of the activation buffers it
 /// touches: the prefill block size, or 1 for the decode specialisation. The actual row count
-/// (`rows <= max_rows`) and the position of the first row (`pos`) are run-time arguments.
+/// (`rows <= max_rows`) is a run-time argument; each row's position and KV slot are read from
+/// the `row_info` buffer by the kernels that need them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "family", rename_all = "snake_case")]
 pub enum Kernel {
-    /// `x[r, :] = float(table[tokens[r], :]) (* scale) (+ float(pos_table[pos + r, :]))`.
+    /// `x[r, :] = float(table[tokens[r], :]) (* scale) (+ float(pos_table[position(r), :]))`.
     /// Args: `tokens: i32[max_rows]`, `table: dtype[vocab, hidden]`, `x: f32[max_rows, hidden]`,
-    /// then `pos_table: [rows, hidden]` with `positions`.
+    /// then `pos_table: [rows, hidden]` and `row_info: i32[max_rows, 4]` with `positions`.
     Embed {
         vocab: usize,
         hidden: usize,
@@ -91,14 +92,15 @@ pub enum Kernel {
         act: Act,
         max_rows: usize,
     },
-    /// For each row `r` at absolute position `pos + r`: optional per-head norm of q and k, the
-    /// rotary embedding of q and k in place (when `rotary`), then k and v written into the
-    /// caches at row `pos + r`.
+    /// For each row `r` at the position and slot `row_info[r]` gives: optional per-head norm of
+    /// q and k, the rotary embedding of q and k in place (when `rotary`), then k and v written
+    /// into the slot's caches at that position.
     /// Args: `q: f32[max_rows, heads*head_dim]`, `k, v: f32[max_rows, kv_heads*head_dim]`,
-    /// `k_cache, v_cache: f32[kv_heads, ctx, head_dim]` (head-major: each head's keys are one
-    /// contiguous stream for attention), then `q_norm, k_norm: [head_dim]` with `qk_norm`,
-    /// then `seq_end: i32[1]` (the position after the last one of the current forward call)
-    /// with a LongRoPE `rotary`.
+    /// `k_cache, v_cache: f32[MAX_SLOTS, kv_heads, ctx, head_dim]` (slot-major, then
+    /// head-major: each head's keys are one contiguous stream for attention), then
+    /// `q_norm, k_norm: [head_dim]` with `qk_norm`, then `row_info: i32[max_rows, 4]`
+    /// ([`crate::graph::RowInfo`]; a LongRoPE `rotary` chooses its table by the row's
+    /// `seq_end`).
     RopeKv {
         heads: usize,
         kv_heads: usize,
@@ -108,11 +110,13 @@ pub enum Kernel {
         ctx: usize,
         max_rows: usize,
     },
-    /// Causal grouped-query attention of each row over cache rows `[start, pos + r]`, where
-    /// `start = max(0, pos + r + 1 - window)` with a sliding window and 0 otherwise. Scores
-    /// are `q . k * scale`, soft-capped (`cap * tanh(s / cap)`) with `softcap`; softmax in f32.
-    /// Args: `q: f32[max_rows, heads*head_dim]`, `k_cache, v_cache: f32[kv_heads, ctx, head_dim]`,
-    /// `out: f32[max_rows, heads*head_dim]`.
+    /// Causal grouped-query attention of each row over its slot's cache rows `[start, p]`,
+    /// where `p` is the row's position and `start = max(0, p + 1 - window)` with a sliding
+    /// window and 0 otherwise. Scores are `q . k * scale`, soft-capped (`cap * tanh(s / cap)`)
+    /// with `softcap`; softmax in f32.
+    /// Args: `q: f32[max_rows, heads*head_dim]`,
+    /// `k_cache, v_cache: f32[MAX_SLOTS, kv_heads, ctx, head_dim]`,
+    /// `out: f32[max_rows, heads*head_dim]`, `row_info: i32[max_rows, 4]`.
     Attention {
         heads: usize,
         kv_heads: usize,
@@ -175,14 +179,12 @@ impl Kernel {
     pub fn arg_count(&self) -> usize {
         let norm_args = |n: &Option<NormShape>| n.map_or(0, |n| 1 + n.bias.is_some() as usize);
         match self {
-            Kernel::Embed { positions, .. } => 3 + positions.is_some() as usize,
+            Kernel::Embed { positions, .. } => 3 + 2 * positions.is_some() as usize,
             Kernel::Norm { norm, .. } => 3 + norm.bias.is_some() as usize,
             Kernel::MatMul { bias, norm, .. } => 3 + bias.is_some() as usize + norm_args(norm),
             Kernel::GateUp { norm, .. } => 5 + norm_args(norm),
-            Kernel::RopeKv { qk_norm, rotary, .. } => {
-                5 + 2 * qk_norm.is_some() as usize + rotary.as_ref().is_some_and(|r| r.long.is_some()) as usize
-            }
-            Kernel::Attention { .. } => 4,
+            Kernel::RopeKv { qk_norm, .. } => 6 + 2 * qk_norm.is_some() as usize,
+            Kernel::Attention { .. } => 5,
             Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeRead { .. } => 2,
             Kernel::ProbeFma { .. } => 1,
         }

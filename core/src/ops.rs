@@ -111,7 +111,7 @@ pub struct Rotary {
     pub inv_freq: Vec<u32>,
     /// LongRoPE: a second set of inverse frequencies used once the sequence is longer than
     /// `original` positions (as `transformers` switches per forward call; see
-    /// [`crate::graph::SEQ_END`]).
+    /// [`crate::graph::RowInfo::seq_end`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub long: Option<LongFreqs>,
     /// Factor applied to cos and sin (LongRoPE's and YaRN's attention scaling); `None` = 1.

@@ -111,8 +111,6 @@ pub enum Elem {
 pub enum Rows {
     /// One per row of a block (the prefill block size; 1 in decode).
     Block,
-    /// Exactly one (the logits, the sequence end).
-    One,
     /// A head-major KV cache: `max_position_embeddings` positions per head; `row_len` is
     /// `kv_heads * head_dim`.
     Cache,

@@ -141,17 +141,18 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Every buffer the spec declares: activations sized for `block_rows` rows, one-row buffers
-/// (logits, the sequence end), and K and V caches of `ctx` usable positions per layer.
+/// Every buffer the spec declares: activations sized for `block_rows` rows, and K and V caches
+/// of `slots` sequences of `ctx` usable positions per layer.
 pub struct Buffers {
     bufs: Vec<AlignedBuf>,
     row_bytes: Vec<usize>,
     pub block_rows: usize,
     pub ctx: usize,
+    pub slots: usize,
 }
 
 impl Buffers {
-    pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize) -> Buffers {
+    pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize, slots: usize) -> Buffers {
         let mut bufs = Vec::with_capacity(spec.buffers.len());
         let mut row_bytes = Vec::with_capacity(spec.buffers.len());
         for b in &spec.buffers {
@@ -159,12 +160,11 @@ impl Buffers {
             row_bytes.push(row);
             bufs.push(match b.rows {
                 Rows::Block => AlignedBuf::zeroed(row * block_rows),
-                Rows::One => AlignedBuf::zeroed(row),
-                // The caches are head-major (`[kv_heads, capacity, head_dim]`) with the capacity
-                // the kernels were compiled for, the model's own limit; the engine uses only the
-                // first `ctx` positions of each head, so only those pages are ever backed by
-                // memory.
-                Rows::Cache => AlignedBuf::reserved(row * spec.dims.max_position_embeddings),
+                // The caches are slot-major, then head-major (`[slots, kv_heads, capacity,
+                // head_dim]`) with the capacity the kernels were compiled for, the model's own
+                // limit; the engine uses only the first `ctx` positions of each head of the
+                // `slots` sequences it serves, so only those pages are ever backed by memory.
+                Rows::Cache => AlignedBuf::reserved(row * spec.dims.max_position_embeddings * slots),
             });
         }
         Buffers {
@@ -172,6 +172,7 @@ impl Buffers {
             row_bytes,
             block_rows,
             ctx,
+            slots,
         }
     }
 

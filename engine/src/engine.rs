@@ -6,7 +6,7 @@ use crate::buffers::Buffers;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::plan::{Plan, Resolved};
 use crate::pool::{Pool, physical_cores};
-use kiln_core::graph::{self, Arg};
+use kiln_core::graph::{self, Arg, RowInfo};
 use kiln_core::{BufId, CompileOptions, ModelSpec, WeightId};
 use std::path::Path;
 use std::sync::Arc;
@@ -22,8 +22,11 @@ pub trait WeightSource: Send + Sync {
 pub struct EngineConfig {
     /// Compute threads; default one per physical core.
     pub threads: Option<usize>,
-    /// KV-cache capacity in tokens; default `min(max_position_embeddings, 4096)`.
+    /// KV-cache capacity in tokens per sequence; default `min(max_position_embeddings, 4096)`.
     pub ctx: Option<usize>,
+    /// Sequences with their own KV cache (`kiln serve --parallel`); the plain API uses slot 0.
+    /// At most the prefill block's rows (a batched step is one block) and `abi::MAX_SLOTS`.
+    pub slots: usize,
     /// Pin compute threads to cores.
     pub pin: bool,
     /// Record per-node times (`KILN_PROFILE=1`).
@@ -35,6 +38,7 @@ impl Default for EngineConfig {
         EngineConfig {
             threads: None,
             ctx: None,
+            slots: 1,
             pin: true,
             profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1"),
         }
@@ -71,6 +75,12 @@ pub enum EngineError {
     Empty,
     #[error("--ctx {requested} exceeds the model's max_position_embeddings ({max})")]
     CtxTooLarge { requested: usize, max: usize },
+    #[error("{slots} sequences in parallel is more than this engine can batch (at most {max})")]
+    TooManySlots { slots: usize, max: usize },
+    #[error("slot {slot} does not exist: the engine has {slots} slots")]
+    BadSlot { slot: usize, slots: usize },
+    #[error("slot {slot} appears twice in one batched step")]
+    DuplicateSlot { slot: usize },
 }
 
 /// Plans of one regime: the layer blocks and the output head.
@@ -85,7 +95,7 @@ struct Standard {
     tokens: BufId,
     residual: BufId,
     logits: BufId,
-    seq_end: BufId,
+    row_info: BufId,
 }
 
 impl Standard {
@@ -98,7 +108,7 @@ impl Standard {
             tokens: get(graph::TOKENS)?,
             residual: get(graph::RESIDUAL)?,
             logits: get(graph::LOGITS)?,
-            seq_end: get(graph::SEQ_END)?,
+            row_info: get(graph::ROW_INFO)?,
         })
     }
 }
@@ -109,8 +119,11 @@ pub struct Engine {
     std: Standard,
     prefill: Plans,
     decode: Plans,
+    /// The head on every row of a block: the logits of a batched decode step.
+    batch_head: Plan,
     bufs: Buffers,
-    pos: usize,
+    /// Tokens in each slot's KV cache.
+    positions: Vec<usize>,
     // Dropped after the plans that point into them.
     weights: Arc<dyn WeightSource>,
     library: KernelLibrary,
@@ -128,9 +141,16 @@ impl Engine {
         let ctx = config.resolved_ctx(spec)?;
         let std = Standard::of(spec)?;
         let block_rows = options.prefill_rows;
+        let max_slots = block_rows.min(kiln_core::abi::MAX_SLOTS);
+        if config.slots == 0 || config.slots > max_slots {
+            return Err(EngineError::TooManySlots {
+                slots: config.slots,
+                max: max_slots,
+            });
+        }
         let kernels = graph::kernel_set(spec, block_rows);
         let library = KernelLibrary::open(library, &kernels)?;
-        let bufs = Buffers::new(spec, block_rows, ctx);
+        let bufs = Buffers::new(spec, block_rows, ctx, config.slots);
         let cores = physical_cores();
         let threads = config.threads.unwrap_or(cores.len()).max(1);
         let pool = Pool::new(
@@ -148,14 +168,16 @@ impl Engine {
             block: build(&graph::block_graph(spec, 1))?,
             head: build(&head)?,
         };
+        let batch_head = build(&graph::batch_head_graph(spec, block_rows))?;
         Ok(Engine {
             spec: spec.clone(),
             pool,
             std,
             prefill,
             decode,
+            batch_head,
             bufs,
-            pos: 0,
+            positions: vec![0; config.slots],
             weights,
             library,
         })
@@ -166,7 +188,7 @@ impl Engine {
     /// (`[1 + layers][tokens][hidden]`), for numerical comparisons against a reference. Slower
     /// than `prefill` (a plan per layer, and a copy of the residual after each).
     pub fn prefill_layer_by_layer(&mut self, tokens: &[u32]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        self.check(tokens)?;
+        self.check(0, tokens)?;
         let block = self.bufs.block_rows;
         let full = graph::block_graph(&self.spec, block);
         // Split the block graph into the embedding and one graph per layer.
@@ -181,27 +203,37 @@ impl Engine {
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.spec.dims.hidden_size;
         let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
-        self.set_seq_end(self.pos + tokens.len());
+        let seq_end = self.positions[0] + tokens.len();
         for chunk in tokens.chunks(block) {
+            let pos = self.positions[0];
             self.load_tokens(chunk);
+            self.load_rows(0, pos, chunk.len(), seq_end);
             for (plan, residuals) in plans.iter_mut().zip(out.iter_mut()) {
-                plan.run(&self.pool, chunk.len(), self.pos, chunk.len());
+                plan.run(&self.pool, chunk.len(), pos, chunk.len());
                 let x = self.bufs.get(self.std.residual).f32s(chunk.len() * hidden);
                 residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));
             }
-            self.pos += chunk.len();
+            self.positions[0] += chunk.len();
         }
         let last_rows = (tokens.len() - 1) % block + 1;
-        self.prefill.head.run(&self.pool, 1, self.pos - 1, last_rows);
+        self.prefill.head.run(&self.pool, 1, self.positions[0] - 1, last_rows);
         Ok(out)
     }
 
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
     }
-    /// Tokens currently in the KV cache.
+    /// Tokens currently in the KV cache (of slot 0, the one the plain API uses).
     pub fn position(&self) -> usize {
-        self.pos
+        self.positions[0]
+    }
+    /// Tokens currently in `slot`'s KV cache.
+    pub fn position_in(&self, slot: usize) -> usize {
+        self.positions[slot]
+    }
+    /// Sequences with their own KV cache.
+    pub fn slots(&self) -> usize {
+        self.positions.len()
     }
     pub fn ctx(&self) -> usize {
         self.bufs.ctx
@@ -218,21 +250,32 @@ impl Engine {
     }
     /// Forgets the conversation (the cache contents are overwritten as positions are reused).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.positions[0] = 0;
     }
     /// Drops every cached position from `pos` on, so generation continues from there.
     pub fn truncate(&mut self, pos: usize) {
-        self.pos = self.pos.min(pos);
+        self.truncate_in(0, pos);
+    }
+    /// [`Engine::truncate`] for `slot`.
+    pub fn truncate_in(&mut self, slot: usize, pos: usize) {
+        self.positions[slot] = self.positions[slot].min(pos);
     }
 
-    fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
+    fn check(&self, slot: usize, tokens: &[u32]) -> Result<(), EngineError> {
+        if slot >= self.positions.len() {
+            return Err(EngineError::BadSlot {
+                slot,
+                slots: self.positions.len(),
+            });
+        }
         if tokens.is_empty() {
             return Err(EngineError::Empty);
         }
-        if self.pos + tokens.len() > self.bufs.ctx {
+        let pos = self.positions[slot];
+        if pos + tokens.len() > self.bufs.ctx {
             return Err(EngineError::ContextFull {
                 tokens: tokens.len(),
-                pos: self.pos,
+                pos,
                 ctx: self.bufs.ctx,
             });
         }
@@ -246,40 +289,122 @@ impl Engine {
     /// Runs `tokens` through the model at the current position, in blocks of the prefill
     /// size, and returns the logits of the last token.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        self.check(tokens)?;
-        let block = self.bufs.block_rows;
-        self.set_seq_end(self.pos + tokens.len());
-        for chunk in tokens.chunks(block) {
-            self.load_tokens(chunk);
-            self.prefill.block.run(&self.pool, chunk.len(), self.pos, chunk.len());
-            self.pos += chunk.len();
-        }
-        // The head reads the last row of the last block.
-        let last_rows = (tokens.len() - 1) % block + 1;
-        self.prefill.head.run(&self.pool, 1, self.pos - 1, last_rows);
+        self.prefill_in(0, tokens)
+    }
+
+    /// [`Engine::prefill`] into `slot`'s KV cache.
+    pub fn prefill_in(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        self.check(slot, tokens)?;
+        let seq_end = self.positions[slot] + tokens.len();
+        self.prefill_part(slot, tokens, seq_end, true)?;
         Ok(self.logits())
+    }
+
+    /// Runs `tokens` into `slot` as part of a prompt ending at `seq_end` (a server prefills a
+    /// long prompt a few blocks at a time between decode steps; LongRoPE picks its table by the
+    /// whole prompt's end, as one call would). With `logits`, the head runs on the last token
+    /// (read them with [`Engine::logits`]).
+    pub fn prefill_part(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        seq_end: usize,
+        logits: bool,
+    ) -> Result<(), EngineError> {
+        self.check(slot, tokens)?;
+        let block = self.bufs.block_rows;
+        for chunk in tokens.chunks(block) {
+            let pos = self.positions[slot];
+            self.load_tokens(chunk);
+            self.load_rows(slot, pos, chunk.len(), seq_end.max(pos + chunk.len()));
+            self.prefill.block.run(&self.pool, chunk.len(), pos, chunk.len());
+            self.positions[slot] += chunk.len();
+        }
+        if logits {
+            // The head reads the last row of the last block.
+            let last_rows = (tokens.len() - 1) % block + 1;
+            self.prefill
+                .head
+                .run(&self.pool, 1, self.positions[slot] - 1, last_rows);
+        }
+        Ok(())
     }
 
     /// Feeds one token and returns the logits for the next.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
-        self.check(&[token])?;
-        self.load_tokens(&[token]);
-        self.set_seq_end(self.pos + 1);
-        self.decode.block.run(&self.pool, 1, self.pos, 1);
-        self.decode.head.run(&self.pool, 1, self.pos, 1);
-        self.pos += 1;
-        Ok(self.logits())
+        self.decode_batch(&[(0, token)])
     }
 
-    /// Logits produced by the last `prefill` or `decode`.
+    /// One decode step for several sequences at once: `(slot, token)` per row, each slot at
+    /// most once. Every weight is read once for all rows. Returns the logits of each row, row
+    /// after row (`steps.len() * vocab` values); a row's logits are bitwise those a step of its
+    /// sequence alone gives (each row runs the same instructions, whatever the rows beside it).
+    pub fn decode_batch(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {
+        let rows = steps.len();
+        if rows > self.bufs.block_rows {
+            return Err(EngineError::TooManySlots {
+                slots: rows,
+                max: self.bufs.block_rows,
+            });
+        }
+        for (i, &(slot, token)) in steps.iter().enumerate() {
+            self.check(slot, &[token])?;
+            if steps[..i].iter().any(|&(s, _)| s == slot) {
+                return Err(EngineError::DuplicateSlot { slot });
+            }
+        }
+        let tokens: Vec<u32> = steps.iter().map(|&(_, t)| t).collect();
+        self.load_tokens(&tokens);
+        let rows_info: Vec<RowInfo> = steps
+            .iter()
+            .map(|&(slot, _)| {
+                let position = self.positions[slot];
+                RowInfo {
+                    position: position as u32,
+                    slot: slot as u32,
+                    seq_end: (position + 1) as u32,
+                }
+            })
+            .collect();
+        self.write_rows(&rows_info);
+        let pos = self.positions[steps[0].0];
+        if rows == 1 {
+            self.decode.block.run(&self.pool, 1, pos, 1);
+            self.decode.head.run(&self.pool, 1, pos, 1);
+        } else {
+            self.prefill.block.run(&self.pool, rows, pos, rows);
+            self.batch_head.run(&self.pool, rows, pos, rows);
+        }
+        for &(slot, _) in steps {
+            self.positions[slot] += 1;
+        }
+        Ok(self.bufs.get(self.std.logits).f32s(rows * self.spec.dims.vocab_size))
+    }
+
+    /// Logits produced by the last `prefill` or `decode` (row 0 of the logits buffer).
     pub fn logits(&self) -> &[f32] {
         self.bufs.get(self.std.logits).f32s(self.spec.dims.vocab_size)
     }
 
-    /// The position after the last one of the current forward call, which LongRoPE kernels
-    /// read (see [`graph::SEQ_END`]).
-    fn set_seq_end(&mut self, end: usize) {
-        self.bufs.get_mut(self.std.seq_end).i32s_mut(1)[0] = end as i32;
+    /// Row info for `rows` consecutive tokens of `slot` from `pos`, in a forward call of that
+    /// sequence ending at `seq_end`.
+    fn load_rows(&mut self, slot: usize, pos: usize, rows: usize, seq_end: usize) {
+        let info: Vec<RowInfo> = (0..rows)
+            .map(|r| RowInfo {
+                position: (pos + r) as u32,
+                slot: slot as u32,
+                seq_end: seq_end as u32,
+            })
+            .collect();
+        self.write_rows(&info);
+    }
+
+    fn write_rows(&mut self, rows: &[RowInfo]) {
+        let n = graph::ROW_INFO_LEN;
+        let dst = self.bufs.get_mut(self.std.row_info).i32s_mut(rows.len() * n);
+        for (d, r) in dst.chunks_exact_mut(n).zip(rows) {
+            d.copy_from_slice(&r.encode());
+        }
     }
 
     fn load_tokens(&mut self, tokens: &[u32]) {

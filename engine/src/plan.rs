@@ -187,8 +187,9 @@ impl Plan {
         self.times.as_ref()
     }
 
-    /// Runs every node on every pool thread for a block of `rows` rows starting at `pos`.
-    /// [`Arg::LastRow`] arguments point at row `src_rows - 1` of their buffer: the output head
+    /// Runs every node on every pool thread for a block of `rows` rows (whose positions and
+    /// slots the engine wrote into `row_info`; `pos`, the first row's position, only feeds the
+    /// profile's byte and FLOP estimates). [`Arg::LastRow`] arguments point at row `src_rows - 1` of their buffer: the output head
     /// runs one row (`rows = 1`) taken from the end of a block of `src_rows` rows.
     ///
     /// Takes `&mut self` because it resets the plan's work counters: one plan runs once at a time.
@@ -199,7 +200,7 @@ impl Plan {
         unsafe { std::ptr::write_bytes(self.counters.as_ptr(), 0, self.nodes.len().max(1) * WORK_COUNTER_BYTES) };
         let this = &*self;
         let nth = pool.threads() as i64;
-        let (rows_i, pos_i) = (rows as i64, pos as i64);
+        let rows_i = rows as i64;
         pool.run(&|tid, barrier| {
             let timed = tid == 0 && this.times.is_some();
             let mut last = if timed { Some(Instant::now()) } else { None };
@@ -227,9 +228,9 @@ impl Plan {
                 }
                 let a = node.args.map(|s| s.at(src_rows));
                 // SAFETY: `f` has the ABI signature; the pointers were resolved for buffers and
-                // weights sized for this plan's kernels, and `rows`/`pos` were checked by the
-                // engine against those sizes.
-                unsafe { invoke(node.f, a, rows_i, pos_i, tid as i64, nth) };
+                // weights sized for this plan's kernels, and `rows` and the rows' positions and
+                // slots were checked by the engine against those sizes.
+                unsafe { invoke(node.f, a, rows_i, tid as i64, nth) };
             }
             if let Some(times) = &this.times {
                 // Every thread meets here so the last node's time includes its slowest thread.

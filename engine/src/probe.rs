@@ -150,7 +150,7 @@ impl ReadProbe {
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `buf` holds `elems` f32, `sums` 64 x 16 f32.
-                unsafe { invoke(f, slots(&[buf_addr, sums_addr], work_addr), 1, 0, tid as i64, nth) };
+                unsafe { invoke(f, slots(&[buf_addr, sums_addr], work_addr), 1, tid as i64, nth) };
             })
         });
         summarise(pool.threads(), &times, |t| self.buffer_bytes as f64 / t / 1e9)
@@ -194,7 +194,7 @@ pub fn run_probe(
         let times = measure(passes, || {
             pool.run(&|tid, _| {
                 // SAFETY: ABI signature; `sums` holds 64 x 16 f32.
-                unsafe { invoke(fma_fn, slots(&[sums_addr], work_addr), iterations, 0, tid as i64, nth) };
+                unsafe { invoke(fma_fn, slots(&[sums_addr], work_addr), iterations, tid as i64, nth) };
             })
         });
         let point = summarise(threads, &times, |t| flops / t / 1e9);

@@ -30,7 +30,7 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
     else {
         unreachable!()
     };
-    let (q, kc, vc, out) = (p[0], p[1], p[2], p[3]);
+    let (q, kc, vc, out, row_info) = (p[0], p[1], p[2], p[3], p[4]);
     let dim = *head_dim;
     let lanes = lanes_for(dim, max_lanes);
     let group = heads / kv_heads;
@@ -51,9 +51,12 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         let r = b.divui(item, heads_c);
         let h = b.remui(item, heads_c);
         let qc0 = b.muli(h, b.idx(dim));
-        // This head's keys and values: rows `kv_head * ctx ..` of the head-major caches.
-        let kv_base = b.muli(b.divui(h, b.idx(group)), b.idx(*ctx));
-        let position = b.addi(d.pos, r);
+        // This head's keys and values: rows `(slot * kv_heads + kv_head) * ctx ..` of the
+        // slot-major, head-major caches.
+        let place = super::row_place(b, row_info, r);
+        let kv_head = b.addi(b.muli(place.slot, b.idx(*kv_heads)), b.divui(h, b.idx(group)));
+        let kv_base = b.muli(kv_head, b.idx(*ctx));
+        let position = place.position;
         let last = b.addi(position, one);
         let first = match window {
             // Keys in (position - window, position]: `window` keys including this one.

@@ -6,7 +6,7 @@ use crate::ir::{Kb, lanes_for};
 use kiln_core::{Act, Kernel};
 use melior::ir::Value;
 
-/// `x[r, :] = float(table[tokens[r], :]) (* scale) (+ pos_table[pos + r, :])`. Token ids are
+/// `x[r, :] = float(table[tokens[r], :]) (* scale) (+ pos_table[position(r), :])`. Token ids are
 /// clamped to the table (and positions to the position table) so a bad id can never read
 /// outside it (the runtime rejects such ids and positions before calling).
 pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
@@ -33,7 +33,10 @@ pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dy
         if scale.is_none() && positions.is_none() {
             return;
         }
-        let pos_row = positions.map(|pt| (p[3], pt, b.minui(b.addi(d.pos, r), b.idx(pt.rows - 1))));
+        let pos_row = positions.map(|pt| {
+            let position = super::row_place(b, p[4], r).position;
+            (p[3], pt, b.minui(position, b.idx(pt.rows - 1)))
+        });
         let (lo, hi, step) = (b.idx(0), b.idx(*hidden), b.idx(lanes));
         b.for_each(lo, hi, step, |b, c| {
             let mut v = b.load_f32(x, &[r, c], lanes);

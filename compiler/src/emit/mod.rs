@@ -2,8 +2,8 @@
 //! compute one [`Kernel`] for one exact shape, with every dimension a constant.
 //!
 //! Each kernel becomes its own module holding one public `func.func` with the ABI signature of
-//! [`kiln_core::abi`]: eight statically shaped memrefs (lowered to bare pointers) followed by
-//! `rows`, `pos`, `thread_id` and `n_threads` as i64.
+//! [`kiln_core::abi`]: nine statically shaped memrefs (lowered to bare pointers) and the work
+//! counter, followed by `rows`, `thread_id` and `n_threads` as i64.
 
 mod attention;
 mod elementwise;
@@ -28,7 +28,6 @@ use melior::{
 #[derive(Clone, Copy)]
 pub struct Dyn<'c, 'a> {
     pub rows: Value<'c, 'a>,
-    pub pos: Value<'c, 'a>,
     pub tid: Value<'c, 'a>,
     pub nth: Value<'c, 'a>,
     /// This call's work counter (`memref<8xi64>`, zero on entry; see [`split_work`]).
@@ -73,7 +72,7 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
     assert!(arg_types.len() <= abi::BUFFER_ARGS);
     arg_types.resize(abi::BUFFER_ARGS, "memref<1xi8>".to_string());
     arg_types.push(format!("memref<{}xi64>", abi::WORK_COUNTER_BYTES / 8));
-    arg_types.extend(std::iter::repeat_n("i64".to_string(), 4));
+    arg_types.extend(std::iter::repeat_n("i64".to_string(), 3));
     let types: Vec<Type> = arg_types
         .iter()
         .map(|t| Type::parse(ctx, t).unwrap_or_else(|| panic!("invalid type {t}")))
@@ -96,9 +95,8 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
         let index = b.index_ty();
         let d = Dyn {
             rows: b.index_cast(args[abi::PTR_ARGS], index),
-            pos: b.index_cast(args[abi::PTR_ARGS + 1], index),
-            tid: b.index_cast(args[abi::PTR_ARGS + 2], index),
-            nth: b.index_cast(args[abi::PTR_ARGS + 3], index),
+            tid: b.index_cast(args[abi::PTR_ARGS + 1], index),
+            nth: b.index_cast(args[abi::PTR_ARGS + 2], index),
             work: args[abi::WORK_COUNTER_ARG],
         };
         let p = &args[..abi::PTR_ARGS];
@@ -170,7 +168,9 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
                 weight_matrix(*vocab, *hidden, *dtype),
                 memref(&[*max_rows, *hidden], "f32"),
             ];
-            v.extend(positions.map(|p| weight_matrix(p.rows, *hidden, p.dtype)));
+            if let Some(p) = positions {
+                v.extend([weight_matrix(p.rows, *hidden, p.dtype), row_info(*max_rows)]);
+            }
             v
         }
         Kernel::Norm {
@@ -231,24 +231,22 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             kv_heads,
             head_dim,
             qk_norm,
-            rotary,
             ctx,
             max_rows,
+            ..
         } => {
             let mut v = vec![
                 memref(&[*max_rows, heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
-                memref(&[kv_heads * ctx, *head_dim], "f32"),
-                memref(&[kv_heads * ctx, *head_dim], "f32"),
+                kv_cache(*kv_heads, *ctx, *head_dim),
+                kv_cache(*kv_heads, *ctx, *head_dim),
             ];
             if let Some(n) = qk_norm {
                 v.push(memref(&[*head_dim], elem(n.q_dtype)));
                 v.push(memref(&[*head_dim], elem(n.k_dtype)));
             }
-            if rotary.as_ref().is_some_and(|r| r.long.is_some()) {
-                v.push(memref(&[1], "i32"));
-            }
+            v.push(row_info(*max_rows));
             v
         }
         Kernel::Attention {
@@ -260,9 +258,10 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             ..
         } => vec![
             memref(&[*max_rows, heads * head_dim], "f32"),
-            memref(&[kv_heads * ctx, *head_dim], "f32"),
-            memref(&[kv_heads * ctx, *head_dim], "f32"),
+            kv_cache(*kv_heads, *ctx, *head_dim),
+            kv_cache(*kv_heads, *ctx, *head_dim),
             memref(&[*max_rows, heads * head_dim], "f32"),
+            row_info(*max_rows),
         ],
         // Flat views: the elementwise kernels walk rows * dim contiguous values.
         Kernel::GatedAct { dim, max_rows, .. } | Kernel::Add { dim, max_rows } => {
@@ -270,6 +269,35 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
         }
         Kernel::ProbeRead { elems } => vec![memref(&[*elems], "f32"), memref(&[64, 16], "f32")],
         Kernel::ProbeFma { .. } => vec![memref(&[64, 16], "f32")],
+    }
+}
+
+/// A KV cache as the kernels address it: every slot's heads, each `ctx` rows of `head_dim`
+/// (row `(slot * kv_heads + head) * ctx + position`).
+fn kv_cache(kv_heads: usize, ctx: usize, head_dim: usize) -> String {
+    memref(&[abi::MAX_SLOTS * kv_heads * ctx, head_dim], "f32")
+}
+
+/// The per-row positions and slots (`kiln_core::graph::RowInfo`).
+fn row_info(max_rows: usize) -> String {
+    memref(&[max_rows, kiln_core::graph::ROW_INFO_LEN], "i32")
+}
+
+/// Row `r`'s position, slot and sequence end as indices.
+pub struct RowPlace<'c, 'a> {
+    pub position: Value<'c, 'a>,
+    pub slot: Value<'c, 'a>,
+    pub seq_end: Value<'c, 'a>,
+}
+
+/// Reads row `r` of the `row_info` buffer.
+pub fn row_place<'c, 'a>(b: Kb<'c, 'a>, row_info: Value<'c, '_>, r: Value<'c, '_>) -> RowPlace<'c, 'a> {
+    use kiln_core::graph::row_info as f;
+    let get = |i: usize| b.load_i32_index(row_info, &[r, b.idx(i)]);
+    RowPlace {
+        position: get(f::POSITION),
+        slot: get(f::SLOT),
+        seq_end: get(f::SEQ_END),
     }
 }
 

@@ -38,11 +38,8 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
     };
     let (q, k, v, kc, vc) = (p[0], p[1], p[2], p[3], p[4]);
     let norms = qk_norm.as_ref().map(|n| (n, p[5], p[6]));
-    let seq_end = rotary
-        .as_ref()
-        .filter(|r| r.long.is_some())
-        .map(|_| p[5 + 2 * qk_norm.is_some() as usize]);
-    let angles = rotary.as_ref().map(|r| Angles::new(b, r, seq_end));
+    let row_info = p[5 + 2 * qk_norm.is_some() as usize];
+    let angles = rotary.as_ref().map(|r| Angles::new(b, r));
 
     let per_row = heads + kv_heads;
     let total = b.muli(d.rows, b.idx(per_row));
@@ -55,10 +52,11 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
         let r0 = b.divui(start, per_row_c);
         let r1 = b.addi(b.divui(b.subi(end, one), per_row_c), one);
         b.for_each(r0, r1, one, |b, r| {
-            let position = b.addi(d.pos, r);
+            let place = super::row_place(b, row_info, r);
+            let position = place.position;
             // cos and sin of this row's angles, computed once per row and thread rather than
             // once per head (scalar `cos`/`sin` calls were most of this kernel's time).
-            let trig = angles.as_ref().map(|a| a.trig(b, position));
+            let trig = angles.as_ref().map(|a| a.trig(b, position, place.seq_end));
             let row0 = b.muli(r, per_row_c);
             let h_lo = b.subi(super::max_index(b, start, row0), row0);
             let h_hi = b.subi(b.minui(end, b.addi(row0, per_row_c)), row0);
@@ -86,9 +84,10 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
                     }
                     let lanes = lanes_for(*head_dim, max_lanes);
                     let (lo, hi, step) = (b.idx(0), b.idx(*head_dim), b.idx(lanes));
-                    // Cache row of this head and position (head-major caches).
+                    // Cache row of this slot, head and position (slot-major, head-major caches).
                     let kvh = b.subi(h, b.idx(*heads));
-                    let cache_row = b.addi(b.muli(kvh, b.idx(*ctx)), position);
+                    let slot_head = b.addi(b.muli(place.slot, b.idx(*kv_heads)), kvh);
+                    let cache_row = b.addi(b.muli(slot_head, b.idx(*ctx)), position);
                     b.for_each(lo, hi, step, |b, i| {
                         let c = b.addi(c0, i);
                         b.store(b.load_f32(k, &[r, c], lanes), kc, &[cache_row, i]);
@@ -104,14 +103,14 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
 struct Angles<'c, 'a> {
     rotary: &'a Rotary,
     table: Value<'c, 'a>,
-    /// LongRoPE: the long table, and whether this call uses it.
-    long: Option<(Value<'c, 'a>, Value<'c, 'a>)>,
+    /// LongRoPE: the long table.
+    long: Option<Value<'c, 'a>>,
     cos: Value<'c, 'a>,
     sin: Value<'c, 'a>,
 }
 
 impl<'c, 'a> Angles<'c, 'a> {
-    fn new(b: Kb<'c, 'a>, rotary: &'a Rotary, seq_end: Option<Value<'c, 'a>>) -> Angles<'c, 'a> {
+    fn new(b: Kb<'c, 'a>, rotary: &'a Rotary) -> Angles<'c, 'a> {
         let half = rotary.dims / 2;
         let get = |name: &str| {
             let ty = b.ty(&format!("memref<{half}xf32>"));
@@ -122,10 +121,7 @@ impl<'c, 'a> Angles<'c, 'a> {
                 &[("name", b.attr(&format!("@{name}")))],
             )[0]
         };
-        let long = rotary.long.as_ref().map(|l| {
-            let end = b.load_i32_index(seq_end.expect("a LongRoPE kernel takes seq_end"), &[b.idx(0)]);
-            (get(INV_FREQ_LONG), b.cmpi(Cmp::Ugt, end, b.idx(l.original)))
-        });
+        let long = rotary.long.as_ref().map(|_| get(INV_FREQ_LONG));
         let trig_ty = format!("memref<{half}xf32>");
         Angles {
             rotary,
@@ -136,14 +132,19 @@ impl<'c, 'a> Angles<'c, 'a> {
         }
     }
 
-    /// Fills the cos/sin buffers for `position` and returns them.
-    fn trig<'x>(&self, b: Kb<'c, 'x>, position: Value<'c, '_>) -> Trig<'c, 'a> {
+    /// Fills the cos/sin buffers for `position` (in a sequence whose current forward call
+    /// ends at `seq_end`, which picks LongRoPE's table) and returns them.
+    fn trig<'x>(&self, b: Kb<'c, 'x>, position: Value<'c, '_>, seq_end: Value<'c, '_>) -> Trig<'c, 'a> {
         let half = self.rotary.dims / 2;
         let pos_f = b.index_to_f32(position);
+        let long = self.long.map(|table| {
+            let original = self.rotary.long.as_ref().map_or(0, |l| l.original);
+            (table, b.cmpi(Cmp::Ugt, seq_end, b.idx(original)))
+        });
         let (lo, hi, one) = (b.idx(0), b.idx(half), b.idx(1));
         b.for_each(lo, hi, one, |b, i| {
             let mut inv = b.load_f32(self.table, &[i], 1);
-            if let Some((long, use_long)) = self.long {
+            if let Some((long, use_long)) = long {
                 inv = b.select(use_long, b.load_f32(long, &[i], 1), inv);
             }
             let angle = b.mulf(pos_f, inv);

@@ -267,7 +267,7 @@ fn norms_as_steps_and_accumulating() {
                 if kind == NormKind::Layer {
                     ptrs.push(ptr(&mut bb));
                 }
-                lib.call(&k, &ptrs, 3, 0, 2);
+                lib.call(&k, &ptrs, 3, 2);
                 let mut want = Vec::new();
                 for r in 0..3 {
                     let n = norm_ref(kind, &x[r * DIM..(r + 1) * DIM], &wv, &bv);
@@ -307,7 +307,7 @@ fn folded_norms_equal_the_norm_step_then_the_matmul() {
             if kind == NormKind::Layer {
                 ptrs.push(ptr(&mut nb));
             }
-            lib.call(&fold, &ptrs, 1, 0, 3);
+            lib.call(&fold, &ptrs, 1, 3);
             // The unfused pair: the norm step (prefill kernel, one row), then a plain matmul.
             let norm = Kernel::Norm {
                 dim: DIM,
@@ -322,16 +322,10 @@ fn folded_norms_equal_the_norm_step_then_the_matmul() {
             if kind == NormKind::Layer {
                 ptrs.push(ptr(&mut nb));
             }
-            lib.call(&norm, &ptrs, 1, 0, 1);
+            lib.call(&norm, &ptrs, 1, 1);
             let mut plain = vec![0f32; ROWS * N];
             let mm = matmul(None, None, None, false, ROWS);
-            lib.call(
-                &mm,
-                &[ptr(&mut xn), ptr(&mut w), ptr(&mut plain), ptr(&mut bias)],
-                1,
-                0,
-                2,
-            );
+            lib.call(&mm, &[ptr(&mut xn), ptr(&mut w), ptr(&mut plain), ptr(&mut bias)], 1, 2);
             assert_eq!(
                 folded.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 plain[..N].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -360,7 +354,7 @@ fn activations_gated_and_as_matmul_epilogues() {
             let mut g: Vec<f32> = rng.vec(ROWS * DIM).iter().map(|v| v * 6.0).collect();
             let mut u = rng.vec(ROWS * DIM);
             let g0 = g.clone();
-            lib.call(&k, &[ptr(&mut g), ptr(&mut u)], 3, 0, 2);
+            lib.call(&k, &[ptr(&mut g), ptr(&mut u)], 3, 2);
             let want: Vec<f64> = (0..3 * DIM).map(|i| act_ref(act, g0[i] as f64) * u[i] as f64).collect();
             assert_close(&g[..3 * DIM], &want, 3e-6, &format!("{act:?} gated, {lanes} lanes"));
 
@@ -371,7 +365,7 @@ fn activations_gated_and_as_matmul_epilogues() {
             let y0 = rng.vec(ROWS * N);
             let mut y = y0.clone();
             let pre = matmul(None, Some(act), None, true, ROWS);
-            lib.call(&pre, &[ptr(&mut x), ptr(&mut w), ptr(&mut y), ptr(&mut b)], ROWS, 0, 2);
+            lib.call(&pre, &[ptr(&mut x), ptr(&mut w), ptr(&mut y), ptr(&mut b)], ROWS, 2);
             for r in 0..ROWS {
                 let want: Vec<f64> = (0..N)
                     .map(|j| {
@@ -390,7 +384,7 @@ fn activations_gated_and_as_matmul_epilogues() {
                 let mut xr = x[r * DIM..(r + 1) * DIM].to_vec();
                 let mut yr = y0[r * N..(r + 1) * N].to_vec();
                 let dec = matmul(None, Some(act), None, true, 1);
-                lib.call(&dec, &[ptr(&mut xr), ptr(&mut w), ptr(&mut yr), ptr(&mut b)], 1, 0, 3);
+                lib.call(&dec, &[ptr(&mut xr), ptr(&mut w), ptr(&mut yr), ptr(&mut b)], 1, 3);
                 assert_eq!(&yr, &y[r * N..(r + 1) * N], "{act:?}, {lanes} lanes: decode = prefill");
             }
         }
@@ -429,7 +423,7 @@ fn gate_up_equals_its_unfused_steps() {
                 ptr(&mut nw),
                 ptr(&mut nb),
             ];
-            lib.call(&fused, &ptrs, 1, 0, 2);
+            lib.call(&fused, &ptrs, 1, 2);
 
             let norm = Kernel::Norm {
                 dim: DIM,
@@ -440,31 +434,13 @@ fn gate_up_equals_its_unfused_steps() {
             let mut xin = vec![0f32; ROWS * DIM];
             xin[..DIM].copy_from_slice(&x);
             let mut xn = vec![0f32; ROWS * DIM];
-            lib.call(
-                &norm,
-                &[ptr(&mut xin), ptr(&mut nw), ptr(&mut xn), ptr(&mut nb)],
-                1,
-                0,
-                1,
-            );
+            lib.call(&norm, &[ptr(&mut xin), ptr(&mut nw), ptr(&mut xn), ptr(&mut nb)], 1, 1);
             // Plain matmuls without bias: the suite's plain matmul has one, so zero it.
             let mut zero = vec![0f32; N];
             let (mut g2, mut u2) = (vec![0f32; ROWS * N], vec![0f32; ROWS * N]);
             let mm = matmul(None, None, None, false, ROWS);
-            lib.call(
-                &mm,
-                &[ptr(&mut xn), ptr(&mut wg), ptr(&mut g2), ptr(&mut zero)],
-                1,
-                0,
-                2,
-            );
-            lib.call(
-                &mm,
-                &[ptr(&mut xn), ptr(&mut wu), ptr(&mut u2), ptr(&mut zero)],
-                1,
-                0,
-                2,
-            );
+            lib.call(&mm, &[ptr(&mut xn), ptr(&mut wg), ptr(&mut g2), ptr(&mut zero)], 1, 2);
+            lib.call(&mm, &[ptr(&mut xn), ptr(&mut wu), ptr(&mut u2), ptr(&mut zero)], 1, 2);
             let ga = Kernel::GatedAct {
                 act,
                 dim: DIM,
@@ -474,7 +450,7 @@ fn gate_up_equals_its_unfused_steps() {
             let (mut gr, mut ur) = (vec![0f32; ROWS * DIM], vec![0f32; ROWS * DIM]);
             gr[..N].copy_from_slice(&g2[..N]);
             ur[..N].copy_from_slice(&u2[..N]);
-            lib.call(&ga, &[ptr(&mut gr), ptr(&mut ur)], 1, 0, 1);
+            lib.call(&ga, &[ptr(&mut gr), ptr(&mut ur)], 1, 1);
             assert_eq!(
                 &g,
                 &gr[..N],
@@ -495,7 +471,7 @@ fn final_logit_soft_cap() {
         let (mut b, bv) = weights(&mut rng, N, DType::F32);
         let mut y = vec![0f32; ROWS * N];
         let k = matmul(None, None, Some(3.0), false, ROWS);
-        lib.call(&k, &[ptr(&mut x), ptr(&mut w), ptr(&mut y), ptr(&mut b)], 2, 0, 2);
+        lib.call(&k, &[ptr(&mut x), ptr(&mut w), ptr(&mut y), ptr(&mut b)], 2, 2);
         let want: Vec<f64> = (0..2 * N)
             .map(|rj| {
                 let (r, j) = (rj / N, rj % N);
@@ -521,11 +497,17 @@ fn embedding_scale_and_learned_positions_and_add() {
         let (mut pos, pv) = weights(&mut rng, CTX * DIM, DType::BF16);
         let mut x = vec![0f32; ROWS * DIM];
         let p0 = 7;
+        let mut info = super::row_info(ROWS, 0, p0, p0 + ROWS);
         lib.call(
             &embed(),
-            &[ptr(&mut tokens), ptr(&mut table), ptr(&mut x), ptr(&mut pos)],
+            &[
+                ptr(&mut tokens),
+                ptr(&mut table),
+                ptr(&mut x),
+                ptr(&mut pos),
+                ptr(&mut info),
+            ],
             ROWS,
-            p0,
             2,
         );
         let scale = (DIM as f64).sqrt() as f32;
@@ -547,7 +529,6 @@ fn embedding_scale_and_learned_positions_and_add() {
             },
             &[ptr(&mut a), ptr(&mut b)],
             3,
-            0,
             2,
         );
         for i in 0..ROWS * DIM {
@@ -611,16 +592,14 @@ fn rope_variants_partial_gptj_longrope_and_none() {
                 let (mut kc, mut vc) = (vec![0f32; CTX * KV * HD], vec![0f32; CTX * KV * HD]);
                 let (mut qn, qnv) = weights(&mut rng, HD, DType::F32);
                 let (mut kn, knv) = weights(&mut rng, HD, DType::F32);
-                let mut seq_end = vec![end];
+                let mut info = super::row_info(ROWS, 0, pos, end as usize);
                 let (q0, k0) = (q.clone(), kk.clone());
                 let mut ptrs = vec![ptr(&mut q), ptr(&mut kk), ptr(&mut v), ptr(&mut kc), ptr(&mut vc)];
                 if qk_norm.is_some() {
                     ptrs.extend([ptr(&mut qn), ptr(&mut kn)]);
                 }
-                if rotary.as_ref().is_some_and(|r| r.long.is_some()) {
-                    ptrs.push(ptr(&mut seq_end));
-                }
-                lib.call(&k, &ptrs, rows, pos, 2);
+                ptrs.push(ptr(&mut info));
+                lib.call(&k, &ptrs, rows, 2);
                 let long = end > 20;
                 let check = |got: &[f32], src: &[f32], heads: usize, w: &[f32], what: &str| {
                     for r in 0..rows {
@@ -665,11 +644,11 @@ fn attention_scale_soft_cap_and_window() {
             let mut kc: Vec<f32> = rng.vec(CTX * KV * HD);
             let mut vc = rng.vec(CTX * KV * HD);
             let mut out = vec![0f32; ROWS * HEADS * HD];
+            let mut info = super::row_info(ROWS, 0, pos, pos + ROWS);
             lib.call(
                 &k,
-                &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out)],
+                &[ptr(&mut q), ptr(&mut kc), ptr(&mut vc), ptr(&mut out), ptr(&mut info)],
                 rows,
-                pos,
                 2,
             );
             for r in 0..rows {

@@ -183,7 +183,7 @@ fn embed_all(lib: &TestLib, dtype: DType, hidden: usize, table: &mut [u8], rows:
         let n = rows.min(vocab - first);
         let mut tokens: Vec<i32> = (0..rows).map(|i| (first + i.min(n - 1)) as i32).collect();
         let mut x = vec![f32::NAN; rows * hidden];
-        lib.call(&k, &[ptr(&mut tokens), table.as_mut_ptr(), ptr(&mut x)], n, 0, 2);
+        lib.call(&k, &[ptr(&mut tokens), table.as_mut_ptr(), ptr(&mut x)], n, 2);
         out.extend_from_slice(&x[..n * hidden]);
     }
     out
@@ -317,7 +317,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     if bias {
                         ptrs.push(ptr(&mut bv));
                     }
-                    lib.call(&prefill, &ptrs, rows, 0, nth);
+                    lib.call(&prefill, &ptrs, rows, nth);
                     for (i, ((g, w), t)) in y.iter().zip(&want).zip(&tol).enumerate() {
                         let err = (*g as f64 - w).abs();
                         assert!(
@@ -341,7 +341,7 @@ fn quantised_matmuls_prefill_and_decode() {
                         if bias {
                             ptrs.push(ptr(&mut bv));
                         }
-                        lib.call(&decode, &ptrs, 1, 0, nth);
+                        lib.call(&decode, &ptrs, 1, nth);
                         assert_bits(
                             &yr,
                             &y[r * n..(r + 1) * n],
@@ -474,7 +474,7 @@ fn quant_speed() {
             let s = (0..if max_rows == 1 { 500 } else { 20 })
                 .map(|_| {
                     let t = std::time::Instant::now();
-                    lib.call(&kernel, &ptrs, max_rows, 0, 1);
+                    lib.call(&kernel, &ptrs, max_rows, 1);
                     t.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min);
@@ -585,7 +585,7 @@ fn decode_sweep() {
                     let f = probe_lib.get(probe);
                     let a = super::slots(&[ptrs[1] as *mut u8, sums_addr as *mut u8], std::ptr::null_mut());
                     // SAFETY: the weight buffer holds `elems` f32; `sums` 64 x 16 f32.
-                    unsafe { kiln_core::abi::invoke(*f, a, 1, 0, tid, 2) };
+                    unsafe { kiln_core::abi::invoke(*f, a, 1, tid, 2) };
                 });
             }
         });
@@ -602,7 +602,7 @@ fn decode_sweep() {
                         let p = |i: usize| ptrs[i] as *mut u8;
                         let a = super::slots(&[p(0), p(1), p(2)], work_addr as *mut u8);
                         // SAFETY: buffers match the kernel's shapes; threads write disjoint outputs.
-                        unsafe { kiln_core::abi::invoke(*f, a, 1, 0, tid, 2) };
+                        unsafe { kiln_core::abi::invoke(*f, a, 1, tid, 2) };
                     });
                 }
             });

@@ -3,7 +3,7 @@
 
 use super::params::{ArchError, Format};
 use crate::dtype::DType;
-use crate::graph::{Norm, Op, OpKind, QkNormOp, RESIDUAL, SEQ_END, TOKENS};
+use crate::graph::{Norm, Op, OpKind, QkNormOp, RESIDUAL, ROW_INFO, ROW_INFO_LEN, TOKENS};
 use crate::ops::{Act, F32Bits, NormKind, Rotary};
 use crate::spec::{BufId, Buffer, Dims, Elem, Layout, ModelSpec, Role, Rows, Tensor, WeightId, WeightRef};
 
@@ -18,7 +18,7 @@ pub struct Builder {
 
 impl Builder {
     /// A spec with the standard buffers: token ids, the residual stream, the logits and the
-    /// sequence end.
+    /// rows' positions and slots.
     pub fn new(arch: &str, dims: Dims, format: Format) -> Builder {
         let mut b = Builder {
             spec: ModelSpec {
@@ -37,8 +37,8 @@ impl Builder {
         let hidden = b.spec.dims.hidden_size;
         b.declare(RESIDUAL, hidden, Elem::F32, Rows::Block);
         let vocab = b.spec.dims.vocab_size;
-        b.declare(crate::graph::LOGITS, vocab, Elem::F32, Rows::One);
-        b.declare(SEQ_END, 1, Elem::I32, Rows::One);
+        b.declare(crate::graph::LOGITS, vocab, Elem::F32, Rows::Block);
+        b.declare(ROW_INFO, ROW_INFO_LEN, Elem::I32, Rows::Block);
         b
     }
 

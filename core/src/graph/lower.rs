@@ -13,7 +13,7 @@
 //!   kernel that finishes each output as soon as its two dot products are done.
 
 use super::op::{Norm, Op, OpKind, norm_weights};
-use super::{Arg, Graph, SEQ_END};
+use super::{Arg, Graph, ROW_INFO};
 use crate::kernel::{Kernel, PositionTable, QkNorm};
 use crate::ops::{Act, NormShape};
 use crate::spec::{BufId, ModelSpec, Rows, WeightId, WeightRef};
@@ -38,8 +38,18 @@ enum Unit<'a> {
     },
 }
 
-/// The kernel calls of the ops of one section (`head` or not) for `max_rows` rows.
+/// The kernel calls of the ops of one section (`head` or not) for `max_rows` rows. The head
+/// section reads the last row of what the block computed.
 pub(super) fn lower(spec: &ModelSpec, head: bool, max_rows: usize) -> Graph {
+    lower_section(spec, head, max_rows, head)
+}
+
+/// Like [`lower`], every row reading its own row of every buffer (the batched head).
+pub(super) fn lower_rows(spec: &ModelSpec, head: bool, max_rows: usize) -> Graph {
+    lower_section(spec, head, max_rows, false)
+}
+
+fn lower_section(spec: &ModelSpec, head: bool, max_rows: usize, last_row: bool) -> Graph {
     let units = if max_rows == 1 {
         fuse(&spec.ops, head)
     } else {
@@ -50,21 +60,29 @@ pub(super) fn lower(spec: &ModelSpec, head: bool, max_rows: usize) -> Graph {
     for unit in units {
         let (kernel, args, layer, writes) = kernel_of(spec, &unit, max_rows);
         // The head reads the last row of what the block computed, and row 0 of what it
-        // computes itself.
+        // computes itself (its own outputs included).
+        written_in_head.extend(writes);
         let args = args
             .into_iter()
             .map(|a| match a {
-                Arg::Buf(b) if head && spec.buffer(b).rows == Rows::Block && !written_in_head.contains(&b) => {
+                Arg::Buf(b) if last_row && spec.buffer(b).rows == Rows::Block && !written_in_head.contains(&b) => {
                     Arg::LastRow(b)
                 }
                 other => other,
             })
             .collect();
-        written_in_head.extend(writes);
         g.push(kernel, args, layer);
     }
     g.place_barriers();
     g
+}
+
+/// The standard per-row positions and slots buffer.
+fn row_info(spec: &ModelSpec) -> Arg {
+    Arg::Buf(
+        spec.buffer_named(ROW_INFO)
+            .expect("every spec declares the row_info buffer (arch::Builder::new)"),
+    )
 }
 
 fn whole(id: WeightId, spec: &ModelSpec) -> Arg {
@@ -187,7 +205,9 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 max_rows,
             };
             let mut args = vec![Arg::Buf(*tokens), whole(*table, spec), Arg::Buf(*out)];
-            args.extend(positions.map(|p| whole(p, spec)));
+            if let Some(p) = positions {
+                args.extend([whole(*p, spec), row_info(spec)]);
+            }
             (kernel, args)
         }
         OpKind::Norm {
@@ -237,12 +257,7 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
             if let Some(n) = qk_norm {
                 args.extend([whole(n.q, spec), whole(n.k, spec)]);
             }
-            if rotary.as_ref().is_some_and(|r| r.long.is_some()) {
-                let seq_end = spec
-                    .buffer_named(SEQ_END)
-                    .expect("a spec with LongRoPE declares the seq_end buffer (checked by validate)");
-                args.push(Arg::Buf(seq_end));
-            }
+            args.push(row_info(spec));
             (kernel, args)
         }
         OpKind::Attention {
@@ -267,7 +282,13 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 ctx,
                 max_rows,
             },
-            vec![Arg::Buf(*q), Arg::Buf(*k_cache), Arg::Buf(*v_cache), Arg::Buf(*out)],
+            vec![
+                Arg::Buf(*q),
+                Arg::Buf(*k_cache),
+                Arg::Buf(*v_cache),
+                Arg::Buf(*out),
+                row_info(spec),
+            ],
         ),
         OpKind::GatedAct { gate, up, act } => (
             Kernel::GatedAct {

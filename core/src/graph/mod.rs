@@ -22,12 +22,45 @@ use std::collections::BTreeSet;
 pub const TOKENS: &str = "tokens";
 /// The residual stream; layer-by-layer debugging reads it after each layer.
 pub const RESIDUAL: &str = "x";
-/// The logits of the last row.
+/// Logits, one row per row that asked for them: row 0 after a prefill or a one-row decode
+/// (the head runs on the block's last row), rows `0..n` after a batched step.
 pub const LOGITS: &str = "logits";
-/// One i32: the position after the last one of the current forward call (prefill: the end of
-/// the prompt; decode: `pos + 1`), written by the engine before each call. A LongRoPE rotary
-/// embedding chooses its frequencies by it, as `transformers` does per forward call.
-pub const SEQ_END: &str = "seq_end";
+/// Per row of a block, [`ROW_INFO_LEN`] i32 values the engine writes before each call (see
+/// [`RowInfo`]): which sequence the row belongs to and where in it the row sits. Rows of one
+/// call may belong to different sequences (a batched decode step), so every kernel that needs a
+/// position reads it here, never from a per-call scalar.
+pub const ROW_INFO: &str = "row_info";
+/// i32 values per row of [`ROW_INFO`] (16 bytes: one aligned load).
+pub const ROW_INFO_LEN: usize = 4;
+
+/// The meaning of the i32 values of one row of [`ROW_INFO`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowInfo {
+    /// Absolute position of the row's token in its sequence (what the KV write and the rotary
+    /// angle use, and the last key attention sees).
+    pub position: u32,
+    /// KV-cache slot of the row's sequence: its keys and values live in that slot's part of
+    /// every cache (`abi::MAX_SLOTS` at most).
+    pub slot: u32,
+    /// The position after the last one of this sequence's current forward call (prefill: the
+    /// end of the prompt; decode: `position + 1`). A LongRoPE rotary embedding chooses its
+    /// frequencies by it, as `transformers` does per forward call.
+    pub seq_end: u32,
+}
+
+impl RowInfo {
+    /// The row as the kernels read it.
+    pub fn encode(self) -> [i32; ROW_INFO_LEN] {
+        [self.position as i32, self.slot as i32, self.seq_end as i32, 0]
+    }
+}
+
+/// Field indices within a row of [`ROW_INFO`].
+pub mod row_info {
+    pub const POSITION: usize = 0;
+    pub const SLOT: usize = 1;
+    pub const SEQ_END: usize = 2;
+}
 
 /// Where a kernel's pointer argument comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -132,11 +165,28 @@ pub fn head_graph(spec: &ModelSpec) -> Graph {
     g
 }
 
+/// The head on every row of a block of up to `max_rows` rows (a batched decode step, each row
+/// another sequence), writing row `r` of the logits for row `r`. Prefill kernels compute each
+/// row with the same instructions as the one-row head, so a row's logits do not depend on the
+/// rows beside it.
+pub fn batch_head_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
+    let mut g = lower::lower_rows(spec, true, max_rows);
+    if let Some(first) = g.steps.first_mut() {
+        first.barrier_before = true;
+    }
+    g
+}
+
 /// Every distinct kernel a library for this spec must export, in first-use order.
 pub fn kernel_set(spec: &ModelSpec, prefill_rows: usize) -> Vec<Kernel> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
-    let graphs = [block_graph(spec, prefill_rows), block_graph(spec, 1), head_graph(spec)];
+    let graphs = [
+        block_graph(spec, prefill_rows),
+        block_graph(spec, 1),
+        head_graph(spec),
+        batch_head_graph(spec, prefill_rows),
+    ];
     for step in graphs.iter().flat_map(|g| g.steps.iter()) {
         if seen.insert(step.kernel.clone()) {
             out.push(step.kernel.clone());
