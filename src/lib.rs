@@ -11,4 +11,5 @@ pub mod commands;
 pub mod interrupt;
 pub mod models;
 pub mod output;
+pub mod serve;
 pub mod session;

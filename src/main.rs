@@ -128,6 +128,47 @@ enum Command {
         #[arg(long, hide = true, default_value_t = 0)]
         debug_decode_delay_ms: u64,
     },
+    /// Serve a model over an OpenAI-compatible HTTP API (chat and text completions, models,
+    /// health, metrics), decoding up to --parallel requests together.
+    Serve {
+        /// Model folder, its config.json, a GGUF file, or a Hugging Face id. Default: the demo
+        /// model (scripts/fetch-demo-model.sh).
+        model: Option<PathBuf>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on (0: any free port; the address is printed).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Requests decoded together, each with its own KV cache of --ctx tokens.
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        parallel: usize,
+        /// Requests that may wait for a free slot; beyond them new requests get 503 with
+        /// Retry-After.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        max_queue: usize,
+        /// KV-cache capacity in tokens per request (default: the model's limit, at most 4096).
+        #[arg(long)]
+        ctx: Option<usize>,
+        /// Require `Authorization: Bearer KEY` on /v1/* requests.
+        #[arg(long, value_name = "KEY", env = "KILN_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// The model id /v1/models lists and requests use (default: the model's folder or
+        /// file name, or the hub id).
+        #[arg(long)]
+        alias: Option<String>,
+        /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        shutdown_grace: u64,
+        /// Log each request on stderr (-vv: debug detail).
+        #[arg(short, long, action = clap::ArgAction::Count)]
+        verbose: u8,
+        #[command(flatten)]
+        build: BuildArgs,
+        /// Sleep this long before each decode step (for tests of cancellation).
+        #[arg(long, hide = true, default_value_t = 0)]
+        debug_decode_delay_ms: u64,
+    },
     /// Describe a model: architecture, dimensions, size, cache state.
     Info {
         model: PathBuf,
@@ -290,6 +331,21 @@ fn model_or_demo(model: Option<PathBuf>) -> Result<PathBuf> {
         Some(m) => Ok(m),
         None => kiln::session::demo_model(),
     }
+}
+
+/// Logs of `kiln serve` on stderr: warnings, each request with `-v`, debug detail with `-vv`.
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => tracing_subscriber::filter::LevelFilter::WARN,
+        1 => tracing_subscriber::filter::LevelFilter::INFO,
+        _ => tracing_subscriber::filter::LevelFilter::DEBUG,
+    };
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
 }
 
 fn parse_float_dtype(s: &str) -> Result<DType, String> {
@@ -486,6 +542,39 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             quiet,
             decode_delay_ms: debug_decode_delay_ms,
         })),
+        Command::Serve {
+            model,
+            host,
+            port,
+            parallel,
+            max_queue,
+            ctx,
+            api_key,
+            alias,
+            shutdown_grace,
+            verbose,
+            build,
+            debug_decode_delay_ms,
+        } => {
+            kiln::session::at_least_one("--parallel", Some(parallel))?;
+            init_logging(verbose);
+            kiln::serve::serve(kiln::serve::ServeArgs {
+                model: model_or_demo(model)?,
+                alias,
+                server: kiln_server::ServerConfig {
+                    host,
+                    port,
+                    api_key,
+                    shutdown_grace: std::time::Duration::from_secs(shutdown_grace),
+                    ..kiln_server::ServerConfig::default()
+                },
+                parallel,
+                max_queue,
+                ctx: positive_ctx(ctx)?,
+                build: build.choices()?,
+                decode_delay_ms: debug_decode_delay_ms,
+            })
+        }
         Command::Info { model, build, json } => done(commands::info(&model, &build.choices()?, json)),
         Command::Probe { passes, json } => done(commands::probe(passes, json)),
         Command::Debug {

@@ -49,6 +49,8 @@ pub struct GenRequest {
     pub sampling: SamplingRequest,
     /// Stop strings (at most 4, none empty); the text up to the first match is returned.
     pub stop: Vec<String>,
+    /// Do not stop at end-of-sequence tokens (`ignore_eos`, as llama-server and vLLM take it).
+    pub ignore_eos: bool,
 }
 
 /// Why a generation ended, as OpenAI names it.

@@ -127,6 +127,9 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
     // An empty stop string would end every generation at once; clients mean "none".
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
     let stream = fields.bool("stream")?.unwrap_or(false);
+    // llama-server's and vLLM's extension: generate `max_tokens` whatever the model samples
+    // (benchmarks need requests of a fixed length).
+    let ignore_eos = fields.bool("ignore_eos")?.unwrap_or(false);
     let include_usage = match fields.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -153,6 +156,7 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
             max_tokens,
             sampling,
             stop,
+            ignore_eos,
         },
         stream,
         include_usage,

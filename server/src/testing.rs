@@ -169,10 +169,11 @@ impl Backend for FakeBackend {
                     },
                 },
             };
+            // Counted before the send: a client that has the last event must see it counted.
+            finished.fetch_add(1, Ordering::SeqCst);
             if tx.send(last).is_err() {
+                finished.fetch_sub(1, Ordering::SeqCst);
                 cancellations.fetch_add(1, Ordering::SeqCst);
-            } else {
-                finished.fetch_add(1, Ordering::SeqCst);
             }
         });
         Ok(rx)
