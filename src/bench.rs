@@ -25,6 +25,8 @@ pub struct BenchArgs {
     /// Skip the read-bandwidth measurement between repetitions (saves ~1 GiB of memory and a
     /// second per repetition; decode is then judged against the stored `kiln probe` only).
     pub no_probe: bool,
+    /// Also measure decode of this many sequences batched together (`kiln serve`'s steps).
+    pub batch: usize,
 }
 
 /// Read-probe passes after each repetition; the best of them is that repetition's ceiling.
@@ -56,6 +58,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let opts = OpenOptions {
         progress: !args.json,
         page_in: true,
+        slots: args.batch.max(1),
         ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
@@ -134,6 +137,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             errln!("{label}: prefill {p:.1} tok/s, decode {d:.2} tok/s{read}")?;
         }
     }
+    let batch = if args.batch > 1 {
+        let mut rates = batched_decode(&mut session.engine, &prompt, args.batch, args.gen_tokens, args.reps)?;
+        Some(median(&mut rates))
+    } else {
+        None
+    };
     let in_run_ceiling = (!ceilings.is_empty()).then(|| median(&mut ceilings.clone()));
     let in_run_share = (!shares.is_empty()).then(|| median(&mut shares.clone()));
     let (prefill_tok_s, decode_tok_s) = (median(&mut prefill), median(&mut decode));
@@ -180,6 +189,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "compile_s": session.library.compile_seconds,
         "cache_hit": session.library.cache_hit(),
         "load_average": [load_before, load_after],
+        "batch": args.batch.max(1),
+        "batch_decode_tok_s": batch,
     });
     if args.json {
         outln!("{report}")?;
@@ -207,10 +218,48 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             shares_list(&ceilings, &shares)
         )?;
     }
+    if let Some(b) = batch {
+        outln!(
+            "decode   {b:>8.2} tok/s  with {} sequences batched ({:.2}x one sequence)",
+            args.batch,
+            b / decode_tok_s
+        )?;
+    }
     if probe.is_none() {
         outln!("(run `kiln probe` to compare against this machine's bandwidth and FMA peak)")?;
     }
     Ok(())
+}
+
+/// Decode of `n` sequences together, each in its own slot after the same prompt, as `kiln
+/// serve` steps them: tokens per second over all rows, one value per repetition (the first,
+/// a warm-up, left out).
+fn batched_decode(
+    engine: &mut kiln_engine::engine::Engine,
+    prompt: &[u32],
+    n: usize,
+    steps: usize,
+    reps: usize,
+) -> Result<Vec<f64>> {
+    let vocab = engine.spec().dims.vocab_size;
+    let mut rates = Vec::new();
+    for rep in 0..=reps {
+        let mut next = Vec::with_capacity(n);
+        for slot in 0..n {
+            engine.truncate_in(slot, 0);
+            next.push(argmax(engine.prefill_in(slot, prompt)?) as u32);
+        }
+        let t = Instant::now();
+        for _ in 0..steps {
+            let rows: Vec<(usize, u32)> = next.iter().copied().enumerate().collect();
+            let logits = engine.decode_batch(&rows)?;
+            next = logits.chunks(vocab).map(|row| argmax(row) as u32).collect();
+        }
+        if rep > 0 {
+            rates.push((n * steps) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(rates)
 }
 
 fn shares_list(ceilings: &[f64], shares: &[f64]) -> String {

@@ -197,6 +197,9 @@ enum Command {
         /// stored `kiln probe` only).
         #[arg(long)]
         no_probe: bool,
+        /// Also measure decode of N sequences batched together, as `kiln serve` steps them.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        batch: usize,
     },
     /// Print the residual stream after every layer for a prompt (for numerical comparisons
     /// against a reference, see scripts/compare_layers.py).
@@ -601,6 +604,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
             print_prompt,
             no_probe,
+            batch,
         } => done(kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
@@ -610,6 +614,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
             print_prompt,
             no_probe,
+            batch,
         })),
         Command::Cache {
             action: CacheAction::List { json },

@@ -341,12 +341,21 @@ fn longrope_crossing_while_decoding_matches_transformers_kv_cache() {
 /// the same sequence decoded alone in slot 0.
 #[test]
 fn batched_decode_equals_each_sequence_alone() {
-    for name in models() {
+    // The host's code, and the AVX2 level's (16 registers: smaller tiles of rows).
+    let mut targets = vec![None];
+    if kiln_core::HostCpu::detect().x86_level("x86-64-v3").is_ok() {
+        targets.push(Some("x86-64-v3".to_string()));
+    }
+    for (name, target_cpu) in models()
+        .into_iter()
+        .flat_map(|m| targets.iter().map(move |t| (m.clone(), t.clone())))
+    {
         let mut session = open_opts(
             &name,
             OpenOptions {
                 threads: Some(2),
                 slots: 3,
+                target_cpu,
                 ..OpenOptions::default()
             },
         );

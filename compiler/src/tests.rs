@@ -21,7 +21,7 @@ const KV: usize = 2;
 const D: usize = 16;
 const VOCAB: usize = 100;
 const CTX: usize = 64;
-const ROWS: usize = 8;
+const ROWS: usize = 12;
 
 /// A two-layer Llama-style model built op by op, with what varies between the layers chosen
 /// to give a varied kernel set: layer 0 bf16 with q/k/v biases (q's in f32), layer 1 f32 with
@@ -459,9 +459,9 @@ fn rmsnorm_embed_and_silu() {
     let mut rng = Rng(42);
     // Decode has no norm or activation steps of its own (they are folded into its matmuls and
     // `gate_up`, tested above), so those two are checked at the prefill block size only.
-    for max_rows in [ROWS, 1] {
+    for max_rows in [ROWS, kiln_core::kernel::DECODE_ROWS] {
         let rows = max_rows.min(5);
-        let folded = max_rows == 1;
+        let folded = kiln_core::kernel::is_decode(max_rows);
         assert_eq!(
             folded,
             !c.kernels
@@ -536,7 +536,7 @@ fn rope_kv_with_and_without_qk_norm() {
     for qk in [false, true] {
         let c = compiled(qk);
         let mut rng = Rng(7);
-        for max_rows in [ROWS, 1] {
+        for max_rows in [ROWS, kiln_core::kernel::DECODE_ROWS] {
             let k = c.find(|k| matches!(k, Kernel::RopeKv { max_rows: m, .. } if *m == max_rows));
             let (rows, pos) = (max_rows.min(6), 9);
             let mut q = rng.vec(max_rows * HEADS * D);
@@ -584,7 +584,7 @@ fn attention_causal_gqa_and_sliding_window() {
     let c = compiled(false);
     let mut rng = Rng(99);
     for window in [None, Some(5)] {
-        for max_rows in [ROWS, 1] {
+        for max_rows in [ROWS, kiln_core::kernel::DECODE_ROWS] {
             let k = c.find(
                 |k| matches!(k, Kernel::Attention { max_rows: m, window: w, .. } if *m == max_rows && *w == window),
             );

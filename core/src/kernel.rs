@@ -28,6 +28,18 @@ pub struct PositionTable {
     pub dtype: DType,
 }
 
+/// Rows a decode step carries at most: one per sequence decoded together (`kiln serve`'s
+/// batch); one sequence alone is one row. Kernels for at most this many rows are decode
+/// kernels ([`is_decode`]).
+pub const DECODE_ROWS: usize = 8;
+
+/// Whether kernels for blocks of at most `max_rows` rows are decode kernels: norms folded into
+/// the matmuls that read them, gate and up fused, and every weight vector read once and folded
+/// into each row as it is read (instead of prefill's widened scratch and register tiles).
+pub fn is_decode(max_rows: usize) -> bool {
+    max_rows <= DECODE_ROWS
+}
+
 /// One kernel instance. `max_rows` is the static row capacity of the activation buffers it
 /// touches: the prefill block size, or 1 for the decode specialisation. The actual row count
 /// (`rows <= max_rows`) is a run-time argument; each row's position and KV slot are read from

@@ -25,7 +25,7 @@ pub struct EngineConfig {
     /// KV-cache capacity in tokens per sequence; default `min(max_position_embeddings, 4096)`.
     pub ctx: Option<usize>,
     /// Sequences with their own KV cache (`kiln serve --parallel`); the plain API uses slot 0.
-    /// At most the prefill block's rows (a batched step is one block) and `abi::MAX_SLOTS`.
+    /// At most `abi::MAX_SLOTS`.
     pub slots: usize,
     /// Pin compute threads to cores.
     pub pin: bool,
@@ -119,8 +119,10 @@ pub struct Engine {
     std: Standard,
     prefill: Plans,
     decode: Plans,
-    /// The head on every row of a block: the logits of a batched decode step.
+    /// The head on every row of a decode step: the logits of a batched step.
     batch_head: Plan,
+    /// The logits of a batched step of more than `DECODE_ROWS` sequences, gathered step by step.
+    batch_logits: Vec<f32>,
     bufs: Buffers,
     /// Tokens in each slot's KV cache.
     positions: Vec<usize>,
@@ -141,7 +143,7 @@ impl Engine {
         let ctx = config.resolved_ctx(spec)?;
         let std = Standard::of(spec)?;
         let block_rows = options.prefill_rows;
-        let max_slots = block_rows.min(kiln_core::abi::MAX_SLOTS);
+        let max_slots = kiln_core::abi::MAX_SLOTS;
         if config.slots == 0 || config.slots > max_slots {
             return Err(EngineError::TooManySlots {
                 slots: config.slots,
@@ -165,10 +167,10 @@ impl Engine {
             head: build(&head)?,
         };
         let decode = Plans {
-            block: build(&graph::block_graph(spec, 1))?,
+            block: build(&graph::decode_graph(spec))?,
             head: build(&head)?,
         };
-        let batch_head = build(&graph::batch_head_graph(spec, block_rows))?;
+        let batch_head = build(&graph::batch_head_graph(spec))?;
         Ok(Engine {
             spec: spec.clone(),
             pool,
@@ -176,6 +178,7 @@ impl Engine {
             prefill,
             decode,
             batch_head,
+            batch_logits: Vec::new(),
             bufs,
             positions: vec![0; config.slots],
             weights,
@@ -336,23 +339,41 @@ impl Engine {
     }
 
     /// One decode step for several sequences at once: `(slot, token)` per row, each slot at
-    /// most once. Every weight is read once for all rows. Returns the logits of each row, row
-    /// after row (`steps.len() * vocab` values); a row's logits are bitwise those a step of its
-    /// sequence alone gives (each row runs the same instructions, whatever the rows beside it).
+    /// most once. Every weight is read once for each [`graph::DECODE_ROWS`] rows. Returns the
+    /// logits of each row, row after row (`steps.len() * vocab` values); a row's logits are
+    /// bitwise those a step of its sequence alone gives (each row runs the same instructions,
+    /// whatever the rows beside it).
     pub fn decode_batch(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {
-        let rows = steps.len();
-        if rows > self.bufs.block_rows {
-            return Err(EngineError::TooManySlots {
-                slots: rows,
-                max: self.bufs.block_rows,
-            });
-        }
         for (i, &(slot, token)) in steps.iter().enumerate() {
             self.check(slot, &[token])?;
             if steps[..i].iter().any(|&(s, _)| s == slot) {
                 return Err(EngineError::DuplicateSlot { slot });
             }
         }
+        if steps.len() <= graph::DECODE_ROWS {
+            self.decode_step(steps);
+            return Ok(self
+                .bufs
+                .get(self.std.logits)
+                .f32s(steps.len() * self.spec.dims.vocab_size));
+        }
+        let mut all = std::mem::take(&mut self.batch_logits);
+        all.clear();
+        for part in steps.chunks(graph::DECODE_ROWS) {
+            self.decode_step(part);
+            all.extend_from_slice(
+                self.bufs
+                    .get(self.std.logits)
+                    .f32s(part.len() * self.spec.dims.vocab_size),
+            );
+        }
+        self.batch_logits = all;
+        Ok(&self.batch_logits)
+    }
+
+    /// One run of the decode plans for up to `DECODE_ROWS` checked rows.
+    fn decode_step(&mut self, steps: &[(usize, u32)]) {
+        let rows = steps.len();
         let tokens: Vec<u32> = steps.iter().map(|&(_, t)| t).collect();
         self.load_tokens(&tokens);
         let rows_info: Vec<RowInfo> = steps
@@ -368,17 +389,15 @@ impl Engine {
             .collect();
         self.write_rows(&rows_info);
         let pos = self.positions[steps[0].0];
+        self.decode.block.run(&self.pool, rows, pos, rows);
         if rows == 1 {
-            self.decode.block.run(&self.pool, 1, pos, 1);
             self.decode.head.run(&self.pool, 1, pos, 1);
         } else {
-            self.prefill.block.run(&self.pool, rows, pos, rows);
             self.batch_head.run(&self.pool, rows, pos, rows);
         }
         for &(slot, _) in steps {
             self.positions[slot] += 1;
         }
-        Ok(self.bufs.get(self.std.logits).f32s(rows * self.spec.dims.vocab_size))
     }
 
     /// Logits produced by the last `prefill` or `decode` (row 0 of the logits buffer).
@@ -421,7 +440,7 @@ impl Engine {
         let plans: [(&str, &Plan, graph::Graph); 4] = [
             ("prefill", &self.prefill.block, graph::block_graph(&self.spec, block)),
             ("prefill_head", &self.prefill.head, head.clone()),
-            ("decode", &self.decode.block, graph::block_graph(&self.spec, 1)),
+            ("decode", &self.decode.block, graph::decode_graph(&self.spec)),
             ("decode_head", &self.decode.head, head),
         ];
         plans

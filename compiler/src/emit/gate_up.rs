@@ -12,7 +12,7 @@
 
 use super::Dyn;
 use super::elementwise::gated_at;
-use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_row};
+use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_rows};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
@@ -30,10 +30,11 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
     else {
         unreachable!()
     };
-    assert_eq!(*max_rows, 1, "gate_up is a decode kernel");
+    let max_rows = *max_rows;
+    assert!(kiln_core::kernel::is_decode(max_rows), "gate_up is a decode kernel");
     let (n, k) = (*n, *k);
     let x = match norm {
-        Some(nm) => normalised_row(b, p[0], &p[5..], nm, k, max_lanes),
+        Some(nm) => normalised_rows(b, d, p[0], &p[5..], nm, k, max_rows, max_lanes),
         None => p[0],
     };
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
@@ -70,14 +71,15 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         align,
         group,
         row_bytes,
-        |b, col, rows, end| {
-            gate_mm.decode_rows(b, w_gate, *gate_dtype, col, rows, end);
-            up_mm.decode_rows(b, w_up, *up_dtype, col, rows, end);
+        |b, col, cols, end| {
+            gate_mm.decode_rows(b, w_gate, *gate_dtype, col, cols, end, d, max_rows);
+            up_mm.decode_rows(b, w_up, *up_dtype, col, cols, end, d, max_rows);
         },
         |b, start, end| {
-            let zero = b.idx(0);
-            b.for_each(start, end, b.idx(act_lanes), |b, i| {
-                gated_at(b, *act, gate, up, &[zero, i], act_lanes)
+            b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+                b.for_each(start, end, b.idx(act_lanes), |b, i| {
+                    gated_at(b, *act, gate, up, &[r, i], act_lanes)
+                });
             });
         },
     );

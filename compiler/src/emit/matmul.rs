@@ -157,35 +157,47 @@ pub(super) struct MatMul<'c, 'a> {
     pub(super) softcap: Option<F32Bits>,
 }
 
-/// The decode row normalised by a folded norm into a stack buffer of this thread's
-/// (`memref<1 x k x f32>`), with the [`Kernel::Norm`] kernel's own instructions. `args` are the
-/// norm's weight and (LayerNorm) bias.
-pub(super) fn normalised_row<'c, 'a>(
+/// The decode rows (`d.rows` of at most `max_rows`) normalised by a folded norm into a stack
+/// buffer of this thread's (`memref<max_rows x k x f32>`), with the [`Kernel::Norm`] kernel's
+/// own instructions. `args` are the norm's weight and (LayerNorm) bias.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn normalised_rows<'c, 'a>(
     b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
     x: Value<'c, '_>,
     args: &[Value<'c, '_>],
     norm: &NormShape,
     k: usize,
+    max_rows: usize,
     max_lanes: usize,
 ) -> Value<'c, 'a> {
-    let buf = b.alloca(&format!("memref<1x{k}xf32>"));
+    let buf = b.alloca(&format!("memref<{max_rows}x{k}xf32>"));
     let zero = b.idx(0);
     let weights = NormWeights {
         w: args[0],
         bias: norm.bias.map(|_| args[1]),
     };
-    let src = Row {
-        mem: x,
-        r: zero,
-        c0: zero,
-    };
-    let dst = Row {
-        mem: buf,
-        r: zero,
-        c0: zero,
-    };
-    normalize_row(b, norm, weights, src, dst, k, max_lanes, false);
+    b.for_each(zero, d.rows, b.idx(1), |b, r| {
+        let zero = b.idx(0);
+        let src = Row { mem: x, r, c0: zero };
+        let dst = Row { mem: buf, r, c0: zero };
+        normalize_row(b, norm, weights, src, dst, k, max_lanes, false);
+    });
     buf
+}
+
+/// Activation rows a decode kernel folds into each weight vector it reads (a batched step's
+/// rows, `kiln serve`): enough that each weight vector is loaded and widened once for several
+/// rows, few enough that the `cols * rows` accumulators, the rows' activation vectors and the
+/// weight vectors stay in registers: half the register file in accumulators over float
+/// weights (16 with AVX-512, 8 with AVX2), a quarter over quantised ones, whose dequantisation
+/// needs registers of its own. A power of two, so the rows left after the full tiles are done
+/// in at most `log2(tile)` smaller tiles.
+pub(super) fn decode_row_tile(cols: usize, lanes: usize, quantized: bool) -> usize {
+    let registers = if lanes >= 16 { 32 } else { 16 };
+    let accumulators = if quantized { registers / 4 } else { registers / 2 };
+    let tile = (accumulators / cols.max(1)).max(1);
+    exp_var("KILN_EXP_ROWTILE").unwrap_or(1 << tile.ilog2())
 }
 
 pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
@@ -203,10 +215,20 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     else {
         unreachable!()
     };
+    let decode = kiln_core::kernel::is_decode(*max_rows);
     let x = match norm {
         Some(nm) => {
-            assert_eq!(*max_rows, 1, "norms are folded into decode matmuls only");
-            normalised_row(b, p[0], &p[3 + bias.is_some() as usize..], nm, *k, max_lanes)
+            assert!(decode, "norms are folded into decode matmuls only");
+            normalised_rows(
+                b,
+                d,
+                p[0],
+                &p[3 + bias.is_some() as usize..],
+                nm,
+                *k,
+                *max_rows,
+                max_lanes,
+            )
         }
         None => p[0],
     };
@@ -221,8 +243,8 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         softcap: *softcap,
     };
     let w = p[1];
-    if *max_rows == 1 {
-        return m.decode(b, w, *wdtype, *n, d);
+    if decode {
+        return m.decode(b, w, *wdtype, *n, d, *max_rows);
     }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };
     let (mr, nb) = prefill_tile(max_lanes);
@@ -412,14 +434,17 @@ pub(super) fn decode_split<'c, F, G>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// Decode: each thread walks its rows a few at a time ([`decode_float_rows`],
-    /// [`decode_quant_rows`]), one accumulator per row and the prefill's lane-summing tree, so
-    /// every output is bitwise the one prefill computes; weights are prefetched as
-    /// [`decode_prefetches`] says. Quantised rows are read block by block in address order,
-    /// each block dequantised into vectors in k order and folded into its row's accumulator
-    /// (prefill dequantises the same values into its scratch); interleaving a few rows gives
-    /// the core independent FMA chains to overlap with the dequantisation work.
-    fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>) {
+    /// Decode: each thread walks its weight rows a few at a time ([`decode_float_rows`],
+    /// [`decode_quant_rows`]), one accumulator per weight row and activation row and the
+    /// prefill's lane-summing tree, so every output is bitwise the one prefill computes;
+    /// weights are prefetched as [`decode_prefetches`] says. Quantised rows are read block by
+    /// block in address order, each block dequantised into vectors in k order and folded into
+    /// the accumulators (prefill dequantises the same values into its scratch); interleaving a
+    /// few rows gives the core independent FMA chains to overlap with the dequantisation work.
+    /// With several activation rows (a batched step), each weight vector read (and
+    /// dequantised) is folded into [`decode_row_tile`] rows at once; the weights of a few
+    /// weight rows are re-read from L1 for the next tile of activation rows.
+    fn decode(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, n: usize, d: Dyn<'c, '_>, max_rows: usize) {
         let group = if dtype.is_quantized() {
             decode_quant_rows(dtype, self.lanes)
         } else {
@@ -433,31 +458,56 @@ impl<'c, 'a> MatMul<'c, 'a> {
             group,
             group,
             dtype.bytes_for(self.k),
-            |b, col, rows, end| self.decode_rows(b, w, dtype, col, rows, end),
+            |b, col, cols, end| self.decode_rows(b, w, dtype, col, cols, end, d, max_rows),
             |_, _, _| {},
         );
     }
 
-    /// Decode outputs `col0..col0 + rows` (of the range ending at row `end`) from weights `w`
-    /// stored as `dtype`, float or quantised.
+    /// Decode outputs `col0..col0 + cols` (of the range ending at row `end`) of every
+    /// activation row (`d.rows`) from weights `w` stored as `dtype`, float or quantised: tiles
+    /// of [`decode_row_tile`] rows, then the rows left in halving tiles (7 rows with a tile of
+    /// 4: 4, 2, 1; one row alone is the last).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decode_rows(
         &self,
         b: Kb<'c, '_>,
         w: Value<'c, '_>,
         dtype: DType,
         col0: Value<'c, '_>,
-        rows: usize,
+        cols: usize,
         end: Value<'c, '_>,
+        d: Dyn<'c, '_>,
+        max_rows: usize,
     ) {
-        if dtype.is_quantized() {
-            self.quant_rows(b, w, dtype, col0, rows, end)
-        } else {
-            self.float_rows(b, w, dtype, col0, rows, end)
+        let tile = decode_row_tile(cols, self.lanes, dtype.is_quantized()).min(max_rows.next_power_of_two());
+        let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
+            if dtype.is_quantized() {
+                self.quant_rows(b, w, dtype, col0, cols, end, r0, m)
+            } else {
+                self.float_rows(b, w, dtype, col0, cols, end, r0, m)
+            }
+        };
+        if max_rows == 1 {
+            return run(b, b.idx(0), 1);
+        }
+        // Full tiles, then one tile of each smaller power of two the rest needs.
+        let t = b.idx(tile);
+        let mut done = b.muli(b.divui(d.rows, t), t);
+        b.for_each(b.idx(0), done, t, |b, r0| run(b, r0, tile));
+        let mut m = tile / 2;
+        while m >= 1 {
+            let left = b.subi(d.rows, done);
+            let fits = b.cmpi(crate::ir::Cmp::Uge, left, b.idx(m));
+            let r0 = done;
+            b.if_then(fits, |b| run(b, r0, m));
+            done = b.select(fits, b.addi(done, b.idx(m)), done);
+            m /= 2;
         }
     }
 
-    /// Outputs `col0..col0 + rows` of the decode row from float weights, one FMA chain each,
-    /// walking `k` a cache line of weights per step with one prefetch per row and line.
+    /// Outputs `col0..col0 + ncols` of activation rows `r0..r0 + m` from float weights, one
+    /// FMA chain each, walking `k` a cache line of weights per step with one prefetch per
+    /// weight row and line.
     #[allow(clippy::too_many_arguments)]
     fn float_rows(
         &self,
@@ -465,13 +515,15 @@ impl<'c, 'a> MatMul<'c, 'a> {
         w: Value<'c, '_>,
         dtype: DType,
         col0: Value<'c, '_>,
-        rows: usize,
+        ncols: usize,
         end: Value<'c, '_>,
+        r0: Value<'c, '_>,
+        m: usize,
     ) {
         let lanes = self.lanes;
-        let row = b.idx(0);
-        let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
-        let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
+        let rows: Vec<Value> = (0..m).map(|i| b.addi(r0, b.idx(i))).collect();
+        let cols: Vec<Value> = (0..ncols).map(|r| b.addi(col0, b.idx(r))).collect();
+        let inits: Vec<Value> = (0..m * ncols).map(|_| b.zero_like(lanes)).collect();
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= lanes && self.k.is_multiple_of(per_line) {
             per_line / lanes
@@ -489,21 +541,32 @@ impl<'c, 'a> MatMul<'c, 'a> {
             }
             for u in 0..unroll {
                 let kk = b.addi(kk0, b.idx(u * lanes));
-                let xv = b.load_f32(self.x, &[row, kk], lanes);
-                for (a, &col) in acc.iter_mut().zip(&cols) {
-                    *a = b.fma(b.load_weight(w, &[col, kk], lanes, dtype), xv, *a);
+                let xs: Vec<Value> = rows.iter().map(|&r| b.load_f32(self.x, &[r, kk], lanes)).collect();
+                for (c, &col) in cols.iter().enumerate() {
+                    let wv = b.load_weight(w, &[col, kk], lanes, dtype);
+                    for (i, &xv) in xs.iter().enumerate() {
+                        acc[i * ncols + c] = b.fma(wv, xv, acc[i * ncols + c]);
+                    }
                 }
             }
             acc
         });
-        let sums = b.reduce_many(&acc);
-        for (&s, &col) in sums.iter().zip(&cols) {
-            self.finish(b, s, row, col);
+        self.finish_tile(b, &acc, &rows, &cols);
+    }
+
+    /// The epilogue of every output of a tile: `acc[i * cols.len() + c]` is row `rows[i]`,
+    /// column `cols[c]`.
+    fn finish_tile(&self, b: Kb<'c, '_>, acc: &[Value<'c, '_>], rows: &[Value<'c, '_>], cols: &[Value<'c, '_>]) {
+        for (i, &row) in rows.iter().enumerate() {
+            let sums = b.reduce_many(&acc[i * cols.len()..(i + 1) * cols.len()]);
+            for (&s, &col) in sums.iter().zip(cols) {
+                self.finish(b, s, row, col);
+            }
         }
     }
 
-    /// Outputs `col0..col0 + rows` of the decode row from quantised weights, prefetching each
-    /// row's stream as [`decode_prefetches`] says.
+    /// Outputs `col0..col0 + ncols` of activation rows `r0..r0 + m` from quantised weights,
+    /// prefetching each weight row's stream as [`decode_prefetches`] says.
     #[allow(clippy::too_many_arguments)]
     fn quant_rows(
         &self,
@@ -511,8 +574,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
         w: Value<'c, '_>,
         dtype: DType,
         col0: Value<'c, '_>,
-        rows: usize,
+        ncols: usize,
         end: Value<'c, '_>,
+        r0: Value<'c, '_>,
+        m: usize,
     ) {
         let lanes = self.lanes;
         let be = dtype.block_elems();
@@ -522,9 +587,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
             .into_iter()
             .find(|&u| be * u <= 128 && blocks.is_multiple_of(u))
             .unwrap_or(1);
-        let row = b.idx(0);
-        let cols: Vec<Value> = (0..rows).map(|r| b.addi(col0, b.idx(r))).collect();
-        let inits: Vec<Value> = (0..rows).map(|_| b.zero_like(lanes)).collect();
+        let rows: Vec<Value> = (0..m).map(|i| b.addi(r0, b.idx(i))).collect();
+        let cols: Vec<Value> = (0..ncols).map(|r| b.addi(col0, b.idx(r))).collect();
+        let inits: Vec<Value> = (0..m * ncols).map(|_| b.zero_like(lanes)).collect();
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
         let prefetches = decode_prefetches();
@@ -554,18 +619,19 @@ impl<'c, 'a> MatMul<'c, 'a> {
                     .map(|&col| quant::BlockReader::new(b, w, dtype, col, blk, lanes))
                     .collect();
                 for g in 0..be / lanes {
-                    let xv = b.load_f32(self.x, &[row, b.addi(k0, b.idx(g * lanes))], lanes);
-                    for (a, block) in acc.iter_mut().zip(&mut blocks) {
-                        *a = b.fma(block.value(g), xv, *a);
+                    let kk = b.addi(k0, b.idx(g * lanes));
+                    let xs: Vec<Value> = rows.iter().map(|&r| b.load_f32(self.x, &[r, kk], lanes)).collect();
+                    for (c, block) in blocks.iter_mut().enumerate() {
+                        let wv = block.value(g);
+                        for (i, &xv) in xs.iter().enumerate() {
+                            acc[i * ncols + c] = b.fma(wv, xv, acc[i * ncols + c]);
+                        }
                     }
                 }
             }
             acc
         });
-        let sums = b.reduce_many(&acc);
-        for (&s, &col) in sums.iter().zip(&cols) {
-            self.finish(b, s, row, col);
-        }
+        self.finish_tile(b, &acc, &rows, &cols);
     }
 
     /// The epilogue of one output: `+ bias`, the activation, the soft cap

@@ -13,6 +13,7 @@
 
 use super::{Rng, TestLib, f32_to_f16, ptr};
 use kiln_core::abi::WORK_COUNTER_BYTES;
+use kiln_core::kernel::DECODE_ROWS;
 use kiln_core::{CompileOptions, DType, HostCpu, Kernel};
 use std::sync::OnceLock;
 
@@ -32,7 +33,7 @@ const QUANTS: [DType; 10] = [
 ];
 
 /// Prefill rows of the test kernels.
-const ROWS: usize = 8;
+const ROWS: usize = 12;
 /// Rows of the embedding tables.
 const VOCAB: usize = 7;
 /// A row long enough that prefill dequantises it into the scratch in several chunks.
@@ -133,7 +134,8 @@ fn suite(lanes: usize) -> Vec<Kernel> {
             });
         }
         for (n, k, bias, accumulate) in matmul_shapes(dtype, lanes, host) {
-            for max_rows in [ROWS, 1] {
+            // Prefill, a batched decode step, one-row decode.
+            for max_rows in [ROWS, DECODE_ROWS, 1] {
                 let bias = bias.then_some(DType::F32);
                 out.push(Kernel::MatMul {
                     n,
@@ -283,6 +285,17 @@ fn quantised_matmuls_prefill_and_decode() {
                     softcap: None,
                     max_rows: 1,
                 };
+                let batched = Kernel::MatMul {
+                    n,
+                    k,
+                    wdtype: dtype,
+                    bias: bias_t,
+                    accumulate,
+                    norm: None,
+                    act: None,
+                    softcap: None,
+                    max_rows: DECODE_ROWS,
+                };
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
                 let wv = reference(dtype, &w);
                 let mut bv = rng.vec(n);
@@ -348,6 +361,26 @@ fn quantised_matmuls_prefill_and_decode() {
                             &format!("{} row {r}: decode = prefill", what("decode", rows, nth)),
                         );
                     }
+                    // A batched decode step (several rows folded into each weight vector read)
+                    // must agree with prefill bit for bit too.
+                    let rows_b = rows.min(DECODE_ROWS);
+                    let mut xb = x[..DECODE_ROWS * k].to_vec();
+                    let mut yb = y0[..DECODE_ROWS * n].to_vec();
+                    let mut ptrs = vec![ptr(&mut xb), w.as_mut_ptr(), ptr(&mut yb)];
+                    if bias {
+                        ptrs.push(ptr(&mut bv));
+                    }
+                    lib.call(&batched, &ptrs, rows_b, nth);
+                    assert_bits(
+                        &yb[..rows_b * n],
+                        &y[..rows_b * n],
+                        &format!("{}: batched decode = prefill", what("batched", rows_b, nth)),
+                    );
+                    assert_eq!(
+                        &yb[rows_b * n..],
+                        &y0[rows_b * n..DECODE_ROWS * n],
+                        "rows past `rows` untouched"
+                    );
                 }
             }
         }
@@ -380,7 +413,7 @@ fn model_kernels_accepts_quantised_matrices_only() {
             k,
             Kernel::MatMul {
                 wdtype: DType::Q8_0,
-                max_rows: 1,
+                max_rows: DECODE_ROWS,
                 ..
             }
         )),

@@ -1,8 +1,9 @@
 //! From the spec's operations to the kernel calls of one regime.
 //!
-//! Prefill (`max_rows > 1`) lowers every operation to its own kernel. Decode and the output
-//! head (`max_rows = 1`) fuse two patterns, both bitwise neutral (the fused kernels run the
-//! unfused kernels' instructions for each value):
+//! Prefill (`max_rows > DECODE_ROWS`) lowers every operation to its own kernel. Decode and the
+//! output head (at most `DECODE_ROWS` rows: one per sequence of a batched step) fuse two
+//! patterns, both bitwise neutral (the fused kernels run the unfused kernels' instructions for
+//! each value):
 //!
 //! * **Folded norms.** A norm whose output is read only by linear operations (until it is
 //!   overwritten) disappears: each of those matmuls normalises the one row itself, into a stack
@@ -50,7 +51,7 @@ pub(super) fn lower_rows(spec: &ModelSpec, head: bool, max_rows: usize) -> Graph
 }
 
 fn lower_section(spec: &ModelSpec, head: bool, max_rows: usize, last_row: bool) -> Graph {
-    let units = if max_rows == 1 {
+    let units = if crate::kernel::is_decode(max_rows) {
         fuse(&spec.ops, head)
     } else {
         spec.ops.iter().filter(|o| o.head == head).map(Unit::Plain).collect()

@@ -14,6 +14,7 @@ pub(crate) mod tests;
 
 pub use op::{Norm, Op, OpKind, QkNormOp};
 
+pub use crate::kernel::DECODE_ROWS;
 use crate::kernel::Kernel;
 use crate::spec::{BufId, ModelSpec, WeightRef};
 use std::collections::BTreeSet;
@@ -148,29 +149,33 @@ impl Graph {
 }
 
 /// The embedding and every layer (the ops not marked `head`) for a block of up to `max_rows`
-/// tokens. With `max_rows = 1` (decode) norms are folded into the matmuls that read them and a
-/// gated MLP's two projections and activation become one step (see [`lower`]).
+/// tokens. With at most [`DECODE_ROWS`] rows (decode) norms are folded into the matmuls that
+/// read them and a gated MLP's two projections and activation become one step (see [`lower`]).
 pub fn block_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
     lower::lower(spec, false, max_rows)
+}
+
+/// The decode graph: [`block_graph`] for up to [`DECODE_ROWS`] rows, one per sequence.
+pub fn decode_graph(spec: &ModelSpec) -> Graph {
+    block_graph(spec, DECODE_ROWS)
 }
 
 /// The ops marked `head` (final norm, output head) on the last row of the block just computed.
 /// Its kernels are decode kernels; it always starts with a barrier, since the block's last step
 /// wrote the residual from other threads.
 pub fn head_graph(spec: &ModelSpec) -> Graph {
-    let mut g = lower::lower(spec, true, 1);
+    let mut g = lower::lower(spec, true, DECODE_ROWS);
     if let Some(first) = g.steps.first_mut() {
         first.barrier_before = true;
     }
     g
 }
 
-/// The head on every row of a block of up to `max_rows` rows (a batched decode step, each row
-/// another sequence), writing row `r` of the logits for row `r`. Prefill kernels compute each
-/// row with the same instructions as the one-row head, so a row's logits do not depend on the
-/// rows beside it.
-pub fn batch_head_graph(spec: &ModelSpec, max_rows: usize) -> Graph {
-    let mut g = lower::lower_rows(spec, true, max_rows);
+/// The head on every row of a decode step (a batched step, each row another sequence), writing
+/// row `r` of the logits for row `r`: the kernels of [`head_graph`], reading every row from
+/// row 0. Each row is computed with the same instructions whatever the rows beside it.
+pub fn batch_head_graph(spec: &ModelSpec) -> Graph {
+    let mut g = lower::lower_rows(spec, true, DECODE_ROWS);
     if let Some(first) = g.steps.first_mut() {
         first.barrier_before = true;
     }
@@ -183,9 +188,9 @@ pub fn kernel_set(spec: &ModelSpec, prefill_rows: usize) -> Vec<Kernel> {
     let mut out = Vec::new();
     let graphs = [
         block_graph(spec, prefill_rows),
-        block_graph(spec, 1),
+        decode_graph(spec),
         head_graph(spec),
-        batch_head_graph(spec, prefill_rows),
+        batch_head_graph(spec),
     ];
     for step in graphs.iter().flat_map(|g| g.steps.iter()) {
         if seen.insert(step.kernel.clone()) {
