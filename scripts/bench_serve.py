@@ -113,7 +113,9 @@ def stream_completion(port, prompt, tokens):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         ev = json.loads(line[6:])
-        if first is None and any(ch.get("text") for ch in ev.get("choices", [])):
+        # The first chunk of generated text (a random-weight model's bytes may not make whole
+        # characters for a while: its first chunk comes when they do).
+        if first is None and any(ch.get("text") or ch.get("finish_reason") for ch in ev.get("choices", [])):
             first = time.perf_counter() - t0
         if ev.get("usage"):
             n = ev["usage"]["completion_tokens"]
@@ -142,7 +144,8 @@ def level(port, streams, tokens):
         results = list(ex.map(lambda i: stream_completion(port, PROMPTS[i % len(PROMPTS)], tokens), range(streams)))
     wall = time.perf_counter() - t0
     total = sum(n for _, _, n in results)
-    per_stream = statistics.median((n - 1) / (end - first) for first, end, n in results if end > first)
+    rates = [(n - 1) / (end - first) for first, end, n in results if end > first and n > 1]
+    per_stream = statistics.median(rates) if rates else float("nan")
     ttft = statistics.median(first for first, _, _ in results)
     return {"agg": total / wall, "stream": per_stream, "ttft": ttft, "tokens": total}
 
@@ -160,6 +163,9 @@ def main():
     ap.add_argument("--llama-cpp-version", default="0.3.36",
                     help="the llama-cpp-python sdist whose vendored llama.cpp is built")
     ap.add_argument("--build-only", action="store_true", help="build llama-server and exit")
+    ap.add_argument("--llama-flags", default="",
+                    help="extra llama-server flags, e.g. --no-repack (its AMX path crashed on a Q4_1 "
+                         "model on a Sapphire Rapids Xeon; the flag keeps it on AVX-512 VNNI)")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     slots = max(streams)
@@ -186,7 +192,7 @@ def main():
             lport = free_port()
             llama = subprocess.Popen([str(exe), "-m", str(gguf), "--port", str(lport), "-np", str(slots),
                                       "-c", str(args.ctx * slots), "-t", str(args.threads), "-tb", str(args.threads),
-                                      "--host", "127.0.0.1", "--no-warmup"],
+                                      "--host", "127.0.0.1", "--no-warmup", *args.llama_flags.split()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(llama)
             wait_healthy(lport, llama, "llama-server")
@@ -228,7 +234,8 @@ def write_table(args, model, streams, servers, best):
         "",
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, {cpu}, {args.threads} threads, load {load:.2f} "
         f"at the end; {args.gen_tokens} tokens per request (temperature 0, ignore_eos), {max(streams)} slots "
-        f"of {args.ctx} tokens, best of {args.reps}.",
+        f"of {args.ctx} tokens, best of {args.reps}"
+        + (f"; llama-server flags: `{args.llama_flags}`." if args.llama_flags else "."),
         "",
         "| streams | Kiln tok/s | Kiln per stream | Kiln TTFT ms | llama-server tok/s | per stream | TTFT ms | Kiln / llama |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -48,9 +48,13 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_model(chat_model(), extra)
+    }
+
+    fn start_model(model: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .arg("serve")
-            .arg(chat_model())
+            .arg(model)
             .args(["--port", "0", "--threads", "2", "--alias", "tiny"])
             .args(extra)
             .env("KILN_CACHE_DIR", cache_dir())
@@ -432,4 +436,34 @@ fn the_official_openai_python_client_works() {
         s.log()
     );
     assert!(o.contains("openai client: ok"), "{o}");
+}
+
+// A thinking model's reasoning stays out of `content`: with a template that opens a `<think>`
+// block for the reply (as DeepSeek-R1's does), what the model writes before `</think>` comes
+// back as `reasoning_content`, plain and streamed.
+#[test]
+fn reasoning_is_returned_apart_from_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("qwen2")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let template = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}\
+                    {%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{%- endif %}";
+    std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+    let s = Server::start_model(dir.path(), &[]);
+    let body = json!({"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 16, "temperature": 0});
+    let v: Value = s.post("/v1/chat/completions", &body).json().unwrap();
+    let message = &v["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_default().to_string();
+    assert!(!reasoning.is_empty(), "the reply is reasoning: {v}");
+    assert_eq!(message["content"].as_str().unwrap_or_default(), "", "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let ev = events(s.post("/v1/chat/completions", &streamed));
+    let text: String = ev
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["delta"]["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(text, reasoning, "the stream carries the same reasoning");
 }

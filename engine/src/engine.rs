@@ -437,11 +437,12 @@ impl Engine {
     pub fn profile(&self) -> Vec<PlanProfile> {
         let block = self.bufs.block_rows;
         let head = graph::head_graph(&self.spec);
-        let plans: [(&str, &Plan, graph::Graph); 4] = [
+        let plans: [(&str, &Plan, graph::Graph); 5] = [
             ("prefill", &self.prefill.block, graph::block_graph(&self.spec, block)),
             ("prefill_head", &self.prefill.head, head.clone()),
             ("decode", &self.decode.block, graph::decode_graph(&self.spec)),
             ("decode_head", &self.decode.head, head),
+            ("batch_head", &self.batch_head, graph::batch_head_graph(&self.spec)),
         ];
         plans
             .into_iter()

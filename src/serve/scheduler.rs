@@ -64,6 +64,8 @@ pub struct SchedulerConfig {
 /// A request being served in a slot.
 struct Active {
     job: Job,
+    /// Admission order: prompts are prefilled oldest first.
+    order: u64,
     /// Prompt tokens in the slot's cache (reused ones included).
     prefilled: usize,
     cached_tokens: usize,
@@ -96,6 +98,7 @@ pub fn run(
     let mut slots: Vec<Slot> = (0..engine.slots()).map(|_| Slot::default()).collect();
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut open = true;
+    let mut admitted = 0u64;
     loop {
         let idle = queue.is_empty() && slots.iter().all(|s| s.active.is_none());
         if idle {
@@ -120,9 +123,9 @@ pub fn run(
                 slot.active = None;
             }
         }
-        admit(engine, tokenizer, &mut slots, &mut queue);
+        admit(engine, tokenizer, &mut slots, &mut queue, &mut admitted);
         publish(counters, &queue, &slots);
-        prefill_one_chunk(engine, &mut slots, counters, cfg);
+        prefill_chunks(engine, &mut slots, counters, cfg);
         decode_step(engine, &mut slots, counters, cfg);
         publish(counters, &queue, &slots);
     }
@@ -138,7 +141,13 @@ fn publish(counters: &Counters, queue: &VecDeque<Job>, slots: &[Slot]) {
 /// Gives each queued job (oldest first) a free slot: the one whose cache shares the longest
 /// prefix with its prompt; among equals, the one holding least (the others keep their
 /// conversations for later turns).
-fn admit(engine: &mut Engine, tokenizer: &Tokenizer, slots: &mut [Slot], queue: &mut VecDeque<Job>) {
+fn admit(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    slots: &mut [Slot],
+    queue: &mut VecDeque<Job>,
+    admitted: &mut u64,
+) {
     while !queue.is_empty() {
         let best = slots
             .iter()
@@ -154,7 +163,9 @@ fn admit(engine: &mut Engine, tokenizer: &Tokenizer, slots: &mut [Slot], queue: 
         let reuse = shared.min(job.prompt.len() - 1);
         engine.truncate_in(i, reuse);
         slots[i].cached.truncate(reuse);
+        *admitted += 1;
         slots[i].active = Some(Active {
+            order: *admitted,
             prefilled: reuse,
             cached_tokens: reuse,
             sampler: Sampler::new(job.sampling),
@@ -173,24 +184,48 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Prefills the next chunk of the prompt of the slot that has waited longest; when the prompt
-/// is complete, samples its first token.
-fn prefill_one_chunk(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &SchedulerConfig) {
-    let Some(i) = slots
-        .iter()
-        .position(|s| s.active.as_ref().is_some_and(|a| a.prefilled < a.job.prompt.len()))
-    else {
-        return;
-    };
-    let slot = &mut slots[i];
+/// Prefills up to `cfg.prefill_chunk` prompt tokens, oldest request first (several short
+/// prompts in one turn, or one chunk of a long one), so the sequences already decoding wait at
+/// most about one block's prefill for their next token.
+fn prefill_chunks(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &SchedulerConfig) {
+    let mut budget = cfg.prefill_chunk;
+    while budget > 0 {
+        let waiting = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.active
+                    .as_ref()
+                    .filter(|a| a.prefilled < a.job.prompt.len())
+                    .map(|a| (i, a.order))
+            })
+            .min_by_key(|&(_, order)| order);
+        let Some((i, _)) = waiting else {
+            return;
+        };
+        budget -= prefill_chunk(engine, &mut slots[i], i, budget, counters, cfg);
+    }
+}
+
+/// Prefills at most `budget` more tokens of slot `i`'s prompt and returns how many it took;
+/// when the prompt is complete, samples its first token.
+fn prefill_chunk(
+    engine: &mut Engine,
+    slot: &mut Slot,
+    i: usize,
+    budget: usize,
+    counters: &Counters,
+    cfg: &SchedulerConfig,
+) -> usize {
     let a = slot.active.as_mut().expect("an active slot");
-    let end = (a.prefilled + cfg.prefill_chunk).min(a.job.prompt.len());
+    let end = (a.prefilled + budget).min(a.job.prompt.len());
     let chunk = &a.job.prompt[a.prefilled..end];
     let last = end == a.job.prompt.len();
     let t = Instant::now();
+    let taken = chunk.len();
     if let Err(e) = engine.prefill_part(i, chunk, a.job.prompt.len(), last) {
         fail(slot, &e.to_string());
-        return;
+        return taken;
     }
     store_rate(&counters.prefill_tok_s, chunk.len(), t.elapsed());
     counters.prompt_tokens.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -202,6 +237,7 @@ fn prefill_one_chunk(engine: &mut Engine, slots: &mut [Slot], counters: &Counter
         let eos: &[u32] = if a.job.ignore_eos { &[] } else { &cfg.eos };
         accept(slot, next, room, counters, eos);
     }
+    taken
 }
 
 /// One batched decode step for every slot with a token to feed.

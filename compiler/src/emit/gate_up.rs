@@ -12,7 +12,7 @@
 
 use super::Dyn;
 use super::elementwise::gated_at;
-use super::matmul::{MatMul, decode_float_rows, decode_quant_rows, decode_split, normalised_rows};
+use super::matmul::{MatMul, decode_float_rows, decode_split, normalised_rows, with_decode_cols};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
@@ -53,36 +53,39 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
     // chains split over the two matrices (one row of each with AVX-512) keep as many bytes in
     // flight. Quantised ones are bound by the dequantisation work, whose latency the decode
-    // matmul hides with its full group of chains per matrix (halving it cost 7 % on Q4_1).
-    let group = if gate_dtype.is_quantized() {
-        decode_quant_rows(*gate_dtype, lanes)
-    } else {
-        (decode_float_rows(lanes) / 2).max(1)
-    }
-    .min(n);
+    // matmul hides with its full group of chains per matrix (halving it cost 7 % on Q4_1);
+    // with several activation rows, fewer (see `with_decode_cols`).
     // Shares start on whole activation vectors, so the activation runs on full vectors only.
     let act_lanes = lanes_for(n, max_lanes);
-    let align = lcm(group, act_lanes);
     let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
-    decode_split(
-        b,
-        d,
-        n,
-        align,
-        group,
-        row_bytes,
-        |b, col, cols, end| {
-            gate_mm.decode_rows(b, w_gate, *gate_dtype, col, cols, end, d, max_rows);
-            up_mm.decode_rows(b, w_up, *up_dtype, col, cols, end, d, max_rows);
-        },
-        |b, start, end| {
-            b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
-                b.for_each(start, end, b.idx(act_lanes), |b, i| {
-                    gated_at(b, *act, gate, up, &[r, i], act_lanes)
+    let float_group = (decode_float_rows(lanes) / 2).max(1).min(n);
+    with_decode_cols(b, d, *gate_dtype, lanes, n, max_rows, |b, quant_group| {
+        let group = if gate_dtype.is_quantized() {
+            quant_group
+        } else {
+            float_group
+        };
+        let align = lcm(group, act_lanes);
+        decode_split(
+            b,
+            d,
+            n,
+            align,
+            group,
+            row_bytes,
+            |b, col, cols, end| {
+                gate_mm.decode_rows(b, w_gate, *gate_dtype, col, cols, end, d, max_rows);
+                up_mm.decode_rows(b, w_up, *up_dtype, col, cols, end, d, max_rows);
+            },
+            |b, start, end| {
+                b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+                    b.for_each(start, end, b.idx(act_lanes), |b, i| {
+                        gated_at(b, *act, gate, up, &[r, i], act_lanes)
+                    });
                 });
-            });
-        },
-    );
+            },
+        );
+    });
 }
 
 fn lcm(a: usize, b: usize) -> usize {
