@@ -405,6 +405,103 @@ fn batched_decode_equals_each_sequence_alone() {
     }
 }
 
+/// Continuous batching with chunked prefill: forward steps that mix decoding sequences with
+/// chunks of other sequences' prompts (in decode-sized blocks and in prefill-sized ones) give
+/// every sequence bitwise the logits it gets alone.
+#[test]
+fn mixed_steps_equal_each_sequence_alone() {
+    use kiln_engine::engine::StepPart;
+    for name in models() {
+        let mut session = open_opts(
+            &name,
+            OpenOptions {
+                threads: Some(2),
+                slots: 3,
+                ..OpenOptions::default()
+            },
+        );
+        let cases = golden(&name).cases;
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|i| {
+                let mut ids = cases[i % cases.len()].prompt_token_ids.clone();
+                ids.extend_from_slice(&cases[(i + 1) % cases.len()].prompt_token_ids);
+                ids
+            })
+            .collect();
+        let steps = 5;
+        let alone: Vec<Vec<Vec<f32>>> = prompts
+            .iter()
+            .map(|p| {
+                let e = &mut session.engine;
+                e.reset();
+                let mut logits = vec![e.prefill(p).expect("prefill").to_vec()];
+                for _ in 0..steps {
+                    let next = argmax(logits.last().unwrap()) as u32;
+                    logits.push(e.decode(next).expect("decode").to_vec());
+                }
+                logits
+            })
+            .collect();
+        // Chunks of 2 prompt tokens keep steps within the decode kernels' rows; chunks of 20
+        // beside decoding rows take the prefill kernels (at most 62 rows of the 64-row block).
+        for chunk in [2, 20] {
+            let e = &mut session.engine;
+            let vocab = e.spec().dims.vocab_size;
+            // Per sequence: prompt tokens prefilled, logits seen so far.
+            let mut done = [0usize; 3];
+            let mut seen: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 3];
+            for s in 0..3 {
+                e.truncate_in(s, 0);
+            }
+            let mut turn = 0;
+            while seen.iter().any(|l| l.len() <= steps) {
+                let mut tokens: Vec<Vec<u32>> = Vec::new();
+                let mut who = Vec::new();
+                // Sequence s starts at turn s; decoding ones feed their greedy token.
+                for s in (0..3).filter(|&s| s <= turn && seen[s].len() <= steps) {
+                    if done[s] < prompts[s].len() {
+                        let end = prompts[s].len().min(done[s].saturating_add(chunk));
+                        tokens.push(prompts[s][done[s]..end].to_vec());
+                        who.push((s, end == prompts[s].len(), prompts[s].len(), end));
+                    } else {
+                        tokens.push(vec![argmax(seen[s].last().unwrap()) as u32]);
+                        who.push((s, true, e.position_in(s) + 1, usize::MAX));
+                    }
+                }
+                let parts: Vec<StepPart> = who
+                    .iter()
+                    .zip(&tokens)
+                    .map(|(&(slot, logits, seq_end, _), t)| StepPart {
+                        slot,
+                        tokens: t,
+                        seq_end,
+                        logits,
+                    })
+                    .collect();
+                let out = e.step(&parts).expect("step").to_vec();
+                let mut rows = out.chunks(vocab);
+                for &(s, logits, _, end) in &who {
+                    if end != usize::MAX {
+                        done[s] = end;
+                    }
+                    if logits {
+                        seen[s].push(rows.next().expect("logits row").to_vec());
+                    }
+                }
+                turn += 1;
+            }
+            for s in 0..3 {
+                for (k, (got, want)) in seen[s].iter().zip(&alone[s]).enumerate() {
+                    assert!(
+                        got == want,
+                        "{name}, chunks of {chunk}: sequence {s}, logits {k} differ from alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn generation_continues_across_prefill_calls() {
     // Prefilling a prompt in two calls must equal prefilling it at once (the chat path

@@ -121,6 +121,14 @@ impl AlignedBuf {
         // SAFETY: in bounds, aligned, initialised; `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut f32, len) }
     }
+    /// Copies `len` bytes at `from` to `to` within the buffer (the ranges may overlap).
+    pub fn copy_within(&mut self, from: usize, to: usize, len: usize) {
+        let size = self.layout.size();
+        // SAFETY: the whole allocation is initialised (zeroed at allocation) and `&mut self`
+        // guarantees exclusive access; `copy_within` checks both ranges against it.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), size) };
+        bytes.copy_within(from..from + len, to);
+    }
     pub fn i32s_mut(&mut self, len: usize) -> &mut [i32] {
         assert!(len * 4 <= self.layout.size());
         // SAFETY: as above, and `&mut self` guarantees exclusive access.

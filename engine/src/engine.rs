@@ -6,10 +6,13 @@ use crate::buffers::Buffers;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::plan::{Plan, Resolved};
 use crate::pool::{Pool, physical_cores};
+
+mod step;
 use kiln_core::graph::{self, Arg, RowInfo};
 use kiln_core::{BufId, CompileOptions, ModelSpec, WeightId};
 use std::path::Path;
 use std::sync::Arc;
+pub use step::StepPart;
 
 /// Gives the engine a pointer to each weight tensor. The pointers must stay valid, unchanged,
 /// as long as the source lives; the engine keeps the source alive.
@@ -81,6 +84,8 @@ pub enum EngineError {
     BadSlot { slot: usize, slots: usize },
     #[error("slot {slot} appears twice in one batched step")]
     DuplicateSlot { slot: usize },
+    #[error("a step of {rows} rows exceeds the prefill block of {max} rows")]
+    StepTooLarge { rows: usize, max: usize },
 }
 
 /// Plans of one regime: the layer blocks and the output head.
@@ -123,6 +128,8 @@ pub struct Engine {
     batch_head: Plan,
     /// The logits of a batched step of more than `DECODE_ROWS` sequences, gathered step by step.
     batch_logits: Vec<f32>,
+    /// Block buffers the head reads (rows gathered to the front for the batched head).
+    head_inputs: Vec<BufId>,
     bufs: Buffers,
     /// Tokens in each slot's KV cache.
     positions: Vec<usize>,
@@ -170,7 +177,9 @@ impl Engine {
             block: build(&graph::decode_graph(spec))?,
             head: build(&head)?,
         };
-        let batch_head = build(&graph::batch_head_graph(spec))?;
+        let batch_head_graph = graph::batch_head_graph(spec);
+        let batch_head = build(&batch_head_graph)?;
+        let head_inputs = read_before_written(spec, &batch_head_graph);
         Ok(Engine {
             spec: spec.clone(),
             pool,
@@ -179,6 +188,7 @@ impl Engine {
             decode,
             batch_head,
             batch_logits: Vec::new(),
+            head_inputs,
             bufs,
             positions: vec![0; config.slots],
             weights,
@@ -303,17 +313,9 @@ impl Engine {
         Ok(self.logits())
     }
 
-    /// Runs `tokens` into `slot` as part of a prompt ending at `seq_end` (a server prefills a
-    /// long prompt a few blocks at a time between decode steps; LongRoPE picks its table by the
-    /// whole prompt's end, as one call would). With `logits`, the head runs on the last token
-    /// (read them with [`Engine::logits`]).
-    pub fn prefill_part(
-        &mut self,
-        slot: usize,
-        tokens: &[u32],
-        seq_end: usize,
-        logits: bool,
-    ) -> Result<(), EngineError> {
+    /// Runs `tokens` into `slot`, a block at a time, in a forward call ending at `seq_end`.
+    /// With `logits`, the head runs on the last token (read them with [`Engine::logits`]).
+    fn prefill_part(&mut self, slot: usize, tokens: &[u32], seq_end: usize, logits: bool) -> Result<(), EngineError> {
         self.check(slot, tokens)?;
         let block = self.bufs.block_rows;
         for chunk in tokens.chunks(block) {
@@ -336,68 +338,6 @@ impl Engine {
     /// Feeds one token and returns the logits for the next.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
         self.decode_batch(&[(0, token)])
-    }
-
-    /// One decode step for several sequences at once: `(slot, token)` per row, each slot at
-    /// most once. Every weight is read once for each [`graph::DECODE_ROWS`] rows. Returns the
-    /// logits of each row, row after row (`steps.len() * vocab` values); a row's logits are
-    /// bitwise those a step of its sequence alone gives (each row runs the same instructions,
-    /// whatever the rows beside it).
-    pub fn decode_batch(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {
-        for (i, &(slot, token)) in steps.iter().enumerate() {
-            self.check(slot, &[token])?;
-            if steps[..i].iter().any(|&(s, _)| s == slot) {
-                return Err(EngineError::DuplicateSlot { slot });
-            }
-        }
-        if steps.len() <= graph::DECODE_ROWS {
-            self.decode_step(steps);
-            return Ok(self
-                .bufs
-                .get(self.std.logits)
-                .f32s(steps.len() * self.spec.dims.vocab_size));
-        }
-        let mut all = std::mem::take(&mut self.batch_logits);
-        all.clear();
-        for part in steps.chunks(graph::DECODE_ROWS) {
-            self.decode_step(part);
-            all.extend_from_slice(
-                self.bufs
-                    .get(self.std.logits)
-                    .f32s(part.len() * self.spec.dims.vocab_size),
-            );
-        }
-        self.batch_logits = all;
-        Ok(&self.batch_logits)
-    }
-
-    /// One run of the decode plans for up to `DECODE_ROWS` checked rows.
-    fn decode_step(&mut self, steps: &[(usize, u32)]) {
-        let rows = steps.len();
-        let tokens: Vec<u32> = steps.iter().map(|&(_, t)| t).collect();
-        self.load_tokens(&tokens);
-        let rows_info: Vec<RowInfo> = steps
-            .iter()
-            .map(|&(slot, _)| {
-                let position = self.positions[slot];
-                RowInfo {
-                    position: position as u32,
-                    slot: slot as u32,
-                    seq_end: (position + 1) as u32,
-                }
-            })
-            .collect();
-        self.write_rows(&rows_info);
-        let pos = self.positions[steps[0].0];
-        self.decode.block.run(&self.pool, rows, pos, rows);
-        if rows == 1 {
-            self.decode.head.run(&self.pool, 1, pos, 1);
-        } else {
-            self.batch_head.run(&self.pool, rows, pos, rows);
-        }
-        for &(slot, _) in steps {
-            self.positions[slot] += 1;
-        }
     }
 
     /// Logits produced by the last `prefill` or `decode` (row 0 of the logits buffer).
@@ -459,6 +399,35 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// The block buffers `graph` reads before (or without) writing them: its inputs.
+fn read_before_written(spec: &ModelSpec, graph: &graph::Graph) -> Vec<BufId> {
+    let mut written = std::collections::BTreeSet::new();
+    let mut inputs = Vec::new();
+    for step in &graph.steps {
+        let writes: Vec<BufId> = step
+            .kernel
+            .written_args()
+            .iter()
+            .filter_map(|&i| match step.args[i] {
+                Arg::Buf(b) | Arg::LastRow(b) => Some(b),
+                Arg::Weight(_) => None,
+            })
+            .collect();
+        for (i, arg) in step.args.iter().enumerate() {
+            if let Arg::Buf(b) | Arg::LastRow(b) = *arg
+                && !written.contains(&b)
+                && !step.kernel.written_args().contains(&i)
+                && spec.buffer(b).rows == kiln_core::spec::Rows::Block
+                && !inputs.contains(&b)
+            {
+                inputs.push(b);
+            }
+        }
+        written.extend(writes);
+    }
+    inputs
 }
 
 /// Binds `graph` to the library's kernels, the engine's buffers and the weights.

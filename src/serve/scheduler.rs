@@ -14,7 +14,7 @@
 //! batched step are bitwise those of a step of its sequence alone (see
 //! `Engine::decode_batch`), and each request has its own sampler and seed.
 
-use kiln_engine::engine::Engine;
+use kiln_engine::engine::{Engine, StepPart};
 use kiln_server::{FinishReason, GenEvent, Usage};
 use kiln_text::generate::{Part, StopStrings, ThinkFilter};
 use kiln_text::sampler::{Sampler, SamplingParams};
@@ -125,8 +125,7 @@ pub fn run(
         }
         admit(engine, tokenizer, &mut slots, &mut queue, &mut admitted);
         publish(counters, &queue, &slots);
-        prefill_chunks(engine, &mut slots, counters, cfg);
-        decode_step(engine, &mut slots, counters, cfg);
+        step(engine, &mut slots, counters, cfg);
         publish(counters, &queue, &slots);
     }
 }
@@ -184,95 +183,127 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Prefills up to `cfg.prefill_chunk` prompt tokens, oldest request first (several short
-/// prompts in one turn, or one chunk of a long one), so the sequences already decoding wait at
-/// most about one block's prefill for their next token.
-fn prefill_chunks(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &SchedulerConfig) {
-    let mut budget = cfg.prefill_chunk;
-    while budget > 0 {
-        let waiting = slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                s.active
-                    .as_ref()
-                    .filter(|a| a.prefilled < a.job.prompt.len())
-                    .map(|a| (i, a.order))
-            })
-            .min_by_key(|&(_, order)| order);
-        let Some((i, _)) = waiting else {
-            return;
-        };
-        budget -= prefill_chunk(engine, &mut slots[i], i, budget, counters, cfg);
-    }
+/// What one slot contributes to a step.
+enum Work {
+    /// Its last sampled token.
+    Decode(u32),
+    /// Prompt tokens `start..end`.
+    Prefill { start: usize, end: usize },
 }
 
-/// Prefills at most `budget` more tokens of slot `i`'s prompt and returns how many it took;
-/// when the prompt is complete, samples its first token.
-fn prefill_chunk(
-    engine: &mut Engine,
-    slot: &mut Slot,
-    i: usize,
-    budget: usize,
-    counters: &Counters,
-    cfg: &SchedulerConfig,
-) -> usize {
-    let a = slot.active.as_mut().expect("an active slot");
-    let end = (a.prefilled + budget).min(a.job.prompt.len());
-    let chunk = &a.job.prompt[a.prefilled..end];
-    let last = end == a.job.prompt.len();
-    let t = Instant::now();
-    let taken = chunk.len();
-    if let Err(e) = engine.prefill_part(i, chunk, a.job.prompt.len(), last) {
-        fail(slot, &e.to_string());
-        return taken;
-    }
-    store_rate(&counters.prefill_tok_s, chunk.len(), t.elapsed());
-    counters.prompt_tokens.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-    slot.cached.extend_from_slice(chunk);
-    a.prefilled = end;
-    if last {
-        let next = a.sampler.sample(engine.logits(), &a.history);
-        let room = engine.position_in(i) < engine.ctx();
-        let eos: &[u32] = if a.job.ignore_eos { &[] } else { &cfg.eos };
-        accept(slot, next, room, counters, eos);
-    }
-    taken
-}
-
-/// One batched decode step for every slot with a token to feed.
-fn decode_step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &SchedulerConfig) {
-    let steps: Vec<(usize, u32)> = slots
+/// One forward step over every active sequence: the last sampled token of each one decoding,
+/// then prompt chunks, oldest request first, up to `cfg.prefill_chunk` rows in all (several
+/// short prompts at once, or a block of a long one). Decoding sequences ride in the same
+/// forward pass as the prompts, so a prompt never costs them a step of its own.
+fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &SchedulerConfig) {
+    let mut plan: Vec<(usize, Work)> = slots
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| Some((i, s.active.as_ref()?.next?)))
+        .filter_map(|(i, s)| Some((i, Work::Decode(s.active.as_ref()?.next?))))
         .collect();
-    if steps.is_empty() {
+    let decoding = plan.len();
+    let mut budget = cfg.prefill_chunk.saturating_sub(decoding);
+    let mut waiting: Vec<(u64, usize)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let a = s.active.as_ref()?;
+            (a.prefilled < a.job.prompt.len()).then_some((a.order, i))
+        })
+        .collect();
+    waiting.sort_unstable();
+    for (_, i) in waiting {
+        if budget == 0 {
+            break;
+        }
+        let a = slots[i].active.as_ref().expect("an active slot");
+        let end = (a.prefilled + budget).min(a.job.prompt.len());
+        budget -= end - a.prefilled;
+        plan.push((
+            i,
+            Work::Prefill {
+                start: a.prefilled,
+                end,
+            },
+        ));
+    }
+    if plan.is_empty() {
         return;
     }
-    if !cfg.decode_delay.is_zero() {
+    if decoding > 0 && !cfg.decode_delay.is_zero() {
         std::thread::sleep(cfg.decode_delay);
     }
-    let t = Instant::now();
-    let vocab = engine.spec().dims.vocab_size;
-    // Whether each sequence has room for one more token after this step.
-    let room: Vec<bool> = steps
+    let ctx = engine.ctx();
+    // Whether each sequence's cache can take the token sampled after this step.
+    let room: Vec<bool> = plan
         .iter()
-        .map(|&(i, _)| engine.position_in(i) + 1 < engine.ctx())
+        .map(|(i, w)| match w {
+            Work::Decode(_) => engine.position_in(*i) + 1 < ctx,
+            Work::Prefill { end, .. } => *end < ctx,
+        })
         .collect();
-    let logits = match engine.decode_batch(&steps) {
+    let singles: Vec<[u32; 1]> = plan
+        .iter()
+        .map(|(_, w)| match w {
+            Work::Decode(t) => [*t],
+            Work::Prefill { .. } => [0],
+        })
+        .collect();
+    let parts: Vec<StepPart> = plan
+        .iter()
+        .zip(&singles)
+        .map(|((i, w), single)| {
+            let a = slots[*i].active.as_ref().expect("an active slot");
+            match *w {
+                Work::Decode(_) => StepPart {
+                    slot: *i,
+                    tokens: single,
+                    seq_end: engine.position_in(*i) + 1,
+                    logits: true,
+                },
+                Work::Prefill { start, end } => StepPart {
+                    slot: *i,
+                    tokens: &a.job.prompt[start..end],
+                    seq_end: a.job.prompt.len(),
+                    logits: end == a.job.prompt.len(),
+                },
+            }
+        })
+        .collect();
+    let vocab = engine.spec().dims.vocab_size;
+    let t = Instant::now();
+    let logits = match engine.step(&parts) {
         Ok(l) => l,
         Err(e) => {
-            for &(i, _) in &steps {
-                fail(&mut slots[i], &e.to_string());
+            for (i, _) in &plan {
+                fail(&mut slots[*i], &e.to_string());
             }
             return;
         }
     };
-    store_rate(&counters.decode_tok_s, steps.len(), t.elapsed());
-    for ((&(i, token), row), room) in steps.iter().zip(logits.chunks(vocab)).zip(room) {
+    let took = t.elapsed();
+    let prompt_rows: usize = parts.iter().skip(decoding).map(|p| p.tokens.len()).sum();
+    if prompt_rows > 0 {
+        store_rate(&counters.prefill_tok_s, prompt_rows, took);
+        counters.prompt_tokens.fetch_add(prompt_rows as u64, Ordering::Relaxed);
+    } else {
+        store_rate(&counters.decode_tok_s, decoding, took);
+    }
+    let mut rows = logits.chunks(vocab);
+    for ((i, work), room) in plan.into_iter().zip(room) {
         let slot = &mut slots[i];
-        slot.cached.push(token);
+        match work {
+            Work::Decode(token) => slot.cached.push(token),
+            Work::Prefill { start, end } => {
+                let a = slot.active.as_mut().expect("an active slot");
+                slot.cached.extend_from_slice(&a.job.prompt[start..end]);
+                a.prefilled = end;
+                if end < a.job.prompt.len() {
+                    continue;
+                }
+            }
+        }
+        let row = rows.next().expect("a row of logits per part that asked");
         let a = slot.active.as_mut().expect("an active slot");
         let next = a.sampler.sample(row, &a.history);
         let eos: &[u32] = if a.job.ignore_eos { &[] } else { &cfg.eos };
