@@ -560,6 +560,12 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             debug_decode_delay_ms,
         } => {
             kiln::session::at_least_one("--parallel", Some(parallel))?;
+            if parallel > kiln_core::abi::MAX_SLOTS {
+                bail!(
+                    "--parallel {parallel} is more than the {} sequences Kiln's KV caches hold at once",
+                    kiln_core::abi::MAX_SLOTS
+                );
+            }
             init_logging(verbose);
             kiln::serve::serve(kiln::serve::ServeArgs {
                 model: model_or_demo(model)?,

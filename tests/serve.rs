@@ -467,3 +467,62 @@ fn reasoning_is_returned_apart_from_the_answer() {
         .collect();
     assert_eq!(text, reasoning, "the stream carries the same reasoning");
 }
+
+// Requests beyond the free slots wait in the queue; beyond `--max-queue` they get 503 with
+// Retry-After (and are not run), and the server keeps serving the others.
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let s = Server::start(&["--parallel", "1", "--max-queue", "1", "--debug-decode-delay-ms", "20"]);
+    let long = json!({"prompt": "Go on", "max_tokens": 60, "temperature": 0});
+    std::thread::scope(|scope| {
+        // One request runs, one waits in the queue.
+        let running = scope.spawn(|| s.complete(&long));
+        let t = Instant::now();
+        while s.metric("kiln_active_sequences") < 1.0 {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let queued = scope.spawn(|| s.complete(&long));
+        while s.metric("kiln_queue_depth") < 1.0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{}", s.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = s.post("/v1/completions", &long);
+        assert_eq!(r.status(), 503);
+        assert!(r.headers().get("retry-after").is_some(), "Retry-After is set");
+        let e: Value = r.json().unwrap();
+        assert!(e["error"]["message"].is_string(), "{e}");
+        for h in [running, queued] {
+            assert_eq!(h.join().unwrap()["usage"]["completion_tokens"], 60);
+        }
+    });
+}
+
+// Bad input is one error line and exit status 1, before anything listens: a model that does
+// not exist, a context beyond the model's, a port already taken, a --parallel out of range.
+#[test]
+fn bad_arguments_are_one_line_and_exit_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let model = chat_model().to_str().unwrap().to_string();
+    let cases: [(Vec<&str>, &str); 5] = [
+        (vec!["/nonexistent/model"], "/nonexistent/model"),
+        (vec![&model, "--ctx", "100000"], "--ctx 100000"),
+        (vec![&model, "--port", &port], "cannot listen on 127.0.0.1:"),
+        (vec![&model, "--parallel", "0"], "--parallel"),
+        (vec![&model, "--parallel", "65"], "--parallel 65"),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("serve")
+            .args(&args)
+            .env("KILN_CACHE_DIR", cache_dir())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -81,6 +81,24 @@ pub async fn serve(
 /// prints `listening on http://ADDR` to stderr (ADDR with the real port, so port 0 works), and
 /// returns `Ok` after a graceful shutdown.
 pub fn run_blocking(config: ServerConfig, state: ServerState) -> anyhow::Result<()> {
+    run_on(bind(&config)?, state)
+}
+
+/// Binds `config.host:config.port` (an error names the address), for callers that must know
+/// the port is theirs before starting anything else; then [`run_on`].
+pub fn bind(config: &ServerConfig) -> anyhow::Result<std::net::TcpListener> {
+    let addr = display_addr(&config.host, config.port);
+    let listener = std::net::TcpListener::bind((config.host.as_str(), config.port))
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    listener
+        .set_nonblocking(true)
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    Ok(listener)
+}
+
+/// [`run_blocking`] on a listener already bound: prints `listening on http://ADDR` and serves
+/// until SIGTERM or SIGINT.
+pub fn run_on(listener: std::net::TcpListener, state: ServerState) -> anyhow::Result<()> {
     // Two workers are plenty: handlers only move bytes; the engine has its own threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -89,14 +107,10 @@ pub fn run_blocking(config: ServerConfig, state: ServerState) -> anyhow::Result<
         .build()
         .context("cannot start the HTTP runtime")?;
     let result = runtime.block_on(async {
+        // The handlers are in place before the address is announced.
         let signal = shutdown_signal()?;
-        let addr = display_addr(&config.host, config.port);
-        let listener = TcpListener::bind((config.host.as_str(), config.port))
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener
-            .local_addr()
-            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr().context("the listening socket has no address")?;
+        let listener = TcpListener::from_std(listener).context("cannot use the listening socket")?;
         eprintln!("listening on http://{local}");
         serve(listener, state, signal).await
     });

@@ -53,8 +53,13 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         page_in: true,
         ..args.build.open_options()
     };
+    // The model's files are read and checked before the server listens, so a wrong path or
+    // a malformed model is one error line and exit 1; compiling and loading come after.
+    let prepared = PreparedModel::open(&args.model, &opts)?;
+    prepared.ctx(&opts)?;
+    let listener = kiln_server::bind(&args.server)?;
     let loader = Loader {
-        model: args.model.clone(),
+        prepared,
         model_id,
         opts,
         parallel: args.parallel,
@@ -68,14 +73,14 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             std::process::exit(1);
         }
     })?;
-    kiln_server::run_blocking(args.server, state)?;
+    kiln_server::run_on(listener, state)?;
     kiln_cache::remove_active_staging();
     Ok(ExitCode::SUCCESS)
 }
 
 /// What the engine thread needs to open the model and serve it.
 struct Loader {
-    model: PathBuf,
+    prepared: PreparedModel,
     model_id: String,
     opts: OpenOptions,
     parallel: usize,
@@ -89,7 +94,7 @@ impl Loader {
     /// Opens the model (compiling it if needed), publishes the backend, then runs the
     /// scheduler on this thread.
     fn load_and_serve(self, slot: &BackendSlot) -> Result<()> {
-        let prepared = PreparedModel::open(&self.model, &self.opts)?;
+        let prepared = self.prepared;
         let sampling = SamplingChoice::resolve(
             &SamplingChoice::default(),
             &prepared.sampling,
