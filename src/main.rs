@@ -566,6 +566,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     kiln_core::abi::MAX_SLOTS
                 );
             }
+            // Every sequence's token of a step must fit one block.
+            let block = build
+                .prefill_block
+                .unwrap_or(kiln_core::CompileOptions::DEFAULT_PREFILL_ROWS);
+            if parallel > block {
+                bail!(
+                    "--parallel {parallel} exceeds --prefill-block {block}: a step holds one token of every sequence"
+                );
+            }
             init_logging(verbose);
             kiln::serve::serve(kiln::serve::ServeArgs {
                 model: model_or_demo(model)?,

@@ -499,18 +499,23 @@ fn a_full_queue_answers_503_with_retry_after() {
 }
 
 // Bad input is one error line and exit status 1, before anything listens: a model that does
-// not exist, a context beyond the model's, a port already taken, a --parallel out of range.
+// not exist, a context beyond the model's, a port already taken, a --parallel out of range or
+// beyond the prefill block (a step holds one token of every sequence).
 #[test]
 fn bad_arguments_are_one_line_and_exit_1() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let model = chat_model().to_str().unwrap().to_string();
-    let cases: [(Vec<&str>, &str); 5] = [
+    let cases: [(Vec<&str>, &str); 6] = [
         (vec!["/nonexistent/model"], "/nonexistent/model"),
         (vec![&model, "--ctx", "100000"], "--ctx 100000"),
         (vec![&model, "--port", &port], "cannot listen on 127.0.0.1:"),
         (vec![&model, "--parallel", "0"], "--parallel"),
         (vec![&model, "--parallel", "65"], "--parallel 65"),
+        (
+            vec![&model, "--parallel", "8", "--prefill-block", "4"],
+            "--prefill-block 4",
+        ),
     ];
     for (args, needle) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
