@@ -380,8 +380,9 @@ impl Kernel {
             Kernel::ProbeRead { elems } => format!("e{elems}"),
             Kernel::ProbeFma { chains } => format!("c{chains}"),
         };
-        let regime = if self.max_rows() == 1 {
-            "decode".to_string()
+        // `decode8`: a decode kernel for up to 8 rows; `r64`: a prefill kernel for blocks of 64.
+        let regime = if is_decode(self.max_rows()) {
+            format!("decode{}", self.max_rows())
         } else {
             format!("r{}", self.max_rows())
         };
@@ -412,6 +413,6 @@ mod tests {
         assert_ne!(a.symbol(), b.symbol());
         assert_eq!(a.symbol(), c.symbol());
         assert_ne!(a.symbol(), act(Act::GeluTanh, 64).symbol());
-        assert!(b.symbol().starts_with("kiln_gated_act_silu_d128_decode_"));
+        assert!(b.symbol().starts_with("kiln_gated_act_silu_d128_decode1_"));
     }
 }

@@ -1,4 +1,5 @@
-//! Causal grouped-query attention over the KV cache, one (row, query head) pair per work item.
+//! Causal grouped-query attention over the KV cache, one (row, run of query heads sharing a KV
+//! head) per work item.
 //!
 //! Keys are taken a block of `lanes` positions at a time (flash-decoding style): the block's
 //! dot products are computed as independent FMA chains and summed into one vector of scores by
@@ -9,10 +10,12 @@
 //! proportional to the context is needed, and each key and value row is read once. The scale
 //! (`head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`, rounded to f32) is applied to each
 //! dot product as the reference does, then the soft cap when the model has one.
-//! Decode and prefill run this same code per (row, head), so they agree bit for bit.
+//! Decode and prefill run this same code per (row, head), so they agree bit for bit; heads that
+//! share a KV head are attended together a block of keys at a time when there are enough rows
+//! (each head keeping its own state and instructions), so the block is read from L2 once.
 
 use super::{Dyn, max_index, thread_range};
-use crate::ir::{Kb, lanes_for};
+use crate::ir::{Cmp, Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
 
@@ -43,44 +46,89 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         softcap: softcap.map(|c| c.get()),
     };
 
-    let total = b.muli(d.rows, b.idx(*heads));
-    let (start, end) = thread_range(b, total, d, 1);
-    let one = b.idx(1);
-    b.for_each(start, end, one, |b, item| {
-        let heads_c = b.idx(*heads);
-        let r = b.divui(item, heads_c);
-        let h = b.remui(item, heads_c);
-        let qc0 = b.muli(h, b.idx(dim));
-        // This head's keys and values: rows `(slot * kv_heads + kv_head) * ctx ..` of the
-        // slot-major, head-major caches.
-        let place = super::row_place(b, row_info, r);
-        let kv_head = b.addi(b.muli(place.slot, b.idx(*kv_heads)), b.divui(h, b.idx(group)));
-        let kv_base = b.muli(kv_head, b.idx(*ctx));
-        let position = place.position;
-        let last = b.addi(position, one);
-        let first = match window {
-            // Keys in (position - window, position]: `window` keys including this one.
-            Some(w) => {
-                let wc = b.idx(*w);
-                let lower = max_index(b, last, wc);
-                b.subi(lower, wc)
+    // Work items are (row, run of `together` query heads of one KV head).
+    let items = |b: Kb<'c, '_>, together: usize| {
+        let runs = heads / together;
+        let total = b.muli(d.rows, b.idx(runs));
+        let (start, end) = thread_range(b, total, d, 1);
+        let one = b.idx(1);
+        b.for_each(start, end, one, |b, item| {
+            let runs_c = b.idx(runs);
+            let r = b.divui(item, runs_c);
+            let h0 = b.muli(b.remui(item, runs_c), b.idx(together));
+            // These heads' keys and values: rows `(slot * kv_heads + kv_head) * ctx ..` of the
+            // slot-major, head-major caches.
+            let place = super::row_place(b, row_info, r);
+            let kv_head = b.addi(b.muli(place.slot, b.idx(*kv_heads)), b.divui(h0, b.idx(group)));
+            let kv_base = b.muli(kv_head, b.idx(*ctx));
+            let position = place.position;
+            let last = b.addi(position, one);
+            let first = match window {
+                // Keys in (position - window, position]: `window` keys including this one.
+                Some(w) => {
+                    let wc = b.idx(*w);
+                    let lower = max_index(b, last, wc);
+                    b.subi(lower, wc)
+                }
+                None => b.idx(0),
+            };
+            let qc0s: Vec<Value> = (0..together)
+                .map(|t| b.muli(b.addi(h0, b.idx(t)), b.idx(dim)))
+                .collect();
+            let qvs: Vec<Vec<Value>> = qc0s
+                .iter()
+                .map(|&qc0| {
+                    (0..a.nvec)
+                        .map(|i| b.load_f32(q, &[r, b.addi(qc0, b.idx(i * lanes))], lanes))
+                        .collect()
+                })
+                .collect();
+            let states = if lanes >= 4 {
+                a.blocked(b, &qvs, kv_base, first, last)
+            } else {
+                qvs.iter().map(|qv| a.per_key(b, qv, kv_base, first, last)).collect()
+            };
+            for ((l, acc), &qc0) in states.into_iter().zip(&qc0s) {
+                let inv_l = b.divf(b.f32c(1.0), l);
+                let inv_v = if lanes == 1 { inv_l } else { b.broadcast(inv_l, lanes) };
+                for (i, &acc) in acc.iter().enumerate() {
+                    b.store(b.mulf(acc, inv_v), out, &[r, b.addi(qc0, b.idx(i * lanes))]);
+                }
             }
-            None => b.idx(0),
-        };
-        let qv: Vec<Value> = (0..a.nvec)
-            .map(|i| b.load_f32(q, &[r, b.addi(qc0, b.idx(i * lanes))], lanes))
-            .collect();
-        let (l, acc) = if lanes >= 4 {
-            a.blocked(b, &qv, kv_base, first, last)
-        } else {
-            a.per_key(b, &qv, kv_base, first, last)
-        };
-        let inv_l = b.divf(b.f32c(1.0), l);
-        let inv_v = if lanes == 1 { inv_l } else { b.broadcast(inv_l, lanes) };
-        for (i, &acc) in acc.iter().enumerate() {
-            b.store(b.mulf(acc, inv_v), out, &[r, b.addi(qc0, b.idx(i * lanes))]);
-        }
-    });
+        });
+    };
+    let together = heads_together(group, lanes);
+    if together == 1 {
+        return items(b, 1);
+    }
+    // Grouped heads make fewer, longer items: with few rows (one-row decode) the threads would
+    // get unequal shares, so those calls keep one head per item.
+    let enough = b.cmpi(
+        Cmp::Uge,
+        b.muli(d.rows, b.idx(heads / together)),
+        b.muli(d.nth, b.idx(4)),
+    );
+    b.if_then(enough, |b| items(b, together));
+    let few = b.cmpi(
+        Cmp::Ult,
+        b.muli(d.rows, b.idx(heads / together)),
+        b.muli(d.nth, b.idx(4)),
+    );
+    b.if_then(few, |b| items(b, 1));
+}
+
+/// Query heads of one KV head that one work item attends together
+/// Query heads of one KV head that one work item attends together, a block of keys at a time:
+/// the block's keys and values come from L2 (or memory) once and from L1 for the other heads
+/// (the heads of a group were separate items, each streaming its KV head's cache from L2).
+/// Each head keeps its own softmax state, so the largest divisor of the group that keeps the
+/// states in registers (at most 2 with AVX2's 16 registers, 4 with AVX-512's 32).
+fn heads_together(group: usize, lanes: usize) -> usize {
+    let most = if lanes >= 16 { 4 } else { 2 };
+    (1..=most.min(group))
+        .rev()
+        .find(|t| group.is_multiple_of(*t))
+        .unwrap_or(1)
 }
 
 struct Attn<'c, 'a> {
@@ -107,35 +155,66 @@ impl<'c, 'a> Attn<'c, 'a> {
         }
     }
 
-    /// Keys `first..last` in blocks of `lanes` positions; the last block is masked.
+    /// Keys `first..last` in blocks of `lanes` positions for each head of `qvs` (one state
+    /// each, every block visited by all heads in turn); the last block is masked.
     fn blocked<'b>(
         &self,
         b: Kb<'c, 'b>,
-        qv: &[Value<'c, '_>],
+        qvs: &[Vec<Value<'c, '_>>],
         kv_base: Value<'c, '_>,
         first: Value<'c, '_>,
         last: Value<'c, '_>,
-    ) -> State<'c, 'b> {
+    ) -> Vec<State<'c, 'b>> {
         let lanes = self.lanes;
         // Two interleaved sets of value accumulators when the head is short, so the chains
         // of FMAs into them are twice as many and half as long.
         let sets = if self.nvec < 8 { 2 } else { 1 };
-        let mut inits = vec![b.f32c(f32::NEG_INFINITY), b.f32c(0.0)];
-        inits.extend((0..sets * self.nvec).map(|_| b.zero_like(lanes)));
+        let per_head = 2 + sets * self.nvec;
+        let mut inits = Vec::with_capacity(qvs.len() * per_head);
+        for _ in qvs {
+            inits.extend([b.f32c(f32::NEG_INFINITY), b.f32c(0.0)]);
+            inits.extend((0..sets * self.nvec).map(|_| b.zero_like(lanes)));
+        }
         let bl = b.idx(lanes);
         let count = b.subi(last, first);
         let full_end = b.addi(first, b.muli(b.divui(count, bl), bl));
         let st = b.for_range(first, full_end, bl, &inits, |b, base, st| {
-            self.block(b, qv, kv_base, base, None, st, sets)
+            self.block_all(b, qvs, kv_base, base, None, st, sets)
         });
         // The remainder: one more block, masked to the keys before `last` (runs 0 or 1 times).
         let st = b.for_range(full_end, last, bl, &st, |b, base, st| {
-            self.block(b, qv, kv_base, base, Some(last), st, sets)
+            self.block_all(b, qvs, kv_base, base, Some(last), st, sets)
         });
-        let acc: Vec<Value> = (0..self.nvec)
-            .map(|i| (1..sets).fold(st[2 + i], |s, k| b.addf(s, st[2 + k * self.nvec + i])))
-            .collect();
-        (st[1], acc)
+        st.chunks(per_head)
+            .map(|st| {
+                let acc: Vec<Value> = (0..self.nvec)
+                    .map(|i| (1..sets).fold(st[2 + i], |s, k| b.addf(s, st[2 + k * self.nvec + i])))
+                    .collect();
+                (st[1], acc)
+            })
+            .collect()
+    }
+
+    /// One block of keys for each head of `qvs` in turn, `st` holding their states one after
+    /// another.
+    #[allow(clippy::too_many_arguments)]
+    fn block_all<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        qvs: &[Vec<Value<'c, '_>>],
+        kv_base: Value<'c, '_>,
+        base: Value<'c, '_>,
+        limit: Option<Value<'c, '_>>,
+        st: Vec<Value<'c, 'b>>,
+        sets: usize,
+    ) -> Vec<Value<'c, 'b>> {
+        let per_head = st.len() / qvs.len();
+        let mut next = Vec::with_capacity(st.len());
+        for (h, qv) in qvs.iter().enumerate() {
+            let mine = st[h * per_head..(h + 1) * per_head].to_vec();
+            next.extend(self.block(b, qv, kv_base, base, limit, mine, sets));
+        }
+        next
     }
 
     /// One block of `lanes` keys from `base`; with `limit`, keys at or after it are masked out
