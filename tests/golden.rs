@@ -334,6 +334,23 @@ fn longrope_crossing_while_decoding_matches_transformers_kv_cache() {
     assert!(diff <= LOGIT_TOLERANCE, "logits after crossing differ by {diff}");
 }
 
+/// Each prompt alone in slot 0: its prefill logits, then those of `steps` greedy decode steps.
+fn alone_logits(session: &mut Session, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<Vec<f32>>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let e = &mut session.engine;
+            e.reset();
+            let mut logits = vec![e.prefill(p).expect("prefill").to_vec()];
+            for _ in 0..steps {
+                let next = argmax(logits.last().unwrap()) as u32;
+                logits.push(e.decode(next).expect("decode").to_vec());
+            }
+            logits
+        })
+        .collect()
+}
+
 /// Continuous batching's contract: a sequence's logits are bitwise the same whether its
 /// decode step runs alone or in one batched step with other sequences (each in its own KV
 /// slot, at its own position), on every fixture (learned positions, sliding windows, LongRoPE,
@@ -368,20 +385,7 @@ fn batched_decode_equals_each_sequence_alone() {
             })
             .collect();
         let steps = 6;
-        // Alone: slot 0, one sequence at a time.
-        let alone: Vec<Vec<Vec<f32>>> = prompts
-            .iter()
-            .map(|p| {
-                let e = &mut session.engine;
-                e.reset();
-                let mut logits = vec![e.prefill(p).expect("prefill").to_vec()];
-                for _ in 0..steps {
-                    let next = argmax(logits.last().unwrap()) as u32;
-                    logits.push(e.decode(next).expect("decode").to_vec());
-                }
-                logits
-            })
-            .collect();
+        let alone = alone_logits(&mut session, &prompts, steps);
         // Together: each prompt in its own slot, then every decode step batched.
         let e = &mut session.engine;
         let vocab = e.spec().dims.vocab_size;
@@ -429,19 +433,7 @@ fn mixed_steps_equal_each_sequence_alone() {
             })
             .collect();
         let steps = 5;
-        let alone: Vec<Vec<Vec<f32>>> = prompts
-            .iter()
-            .map(|p| {
-                let e = &mut session.engine;
-                e.reset();
-                let mut logits = vec![e.prefill(p).expect("prefill").to_vec()];
-                for _ in 0..steps {
-                    let next = argmax(logits.last().unwrap()) as u32;
-                    logits.push(e.decode(next).expect("decode").to_vec());
-                }
-                logits
-            })
-            .collect();
+        let alone = alone_logits(&mut session, &prompts, steps);
         // Chunks of 2 prompt tokens keep steps within the decode kernels' rows; chunks of 20
         // beside decoding rows take the prefill kernels (at most 62 rows of the 64-row block).
         for chunk in [2, 20] {

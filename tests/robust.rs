@@ -43,14 +43,9 @@ fn dev_full() -> File {
 
 /// A copy of the qwen2 fixture with the Qwen2.5 chat template, for `kiln chat`.
 fn chat_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture("qwen2")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-    }
     let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates/qwen2_5.jinja");
-    std::fs::copy(template, dir.path().join("chat_template.jinja")).unwrap();
-    dir
+    let template = std::fs::read_to_string(template).unwrap();
+    kiln_testkit::fixtures::with_chat_template(&fixture("qwen2"), &template)
 }
 
 /// The process failed with exactly one line on stderr, `error: ...` containing every needle.

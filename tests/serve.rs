@@ -27,14 +27,9 @@ fn cache_dir() -> &'static Path {
 fn chat_model() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        for e in std::fs::read_dir(fixture("qwen2")).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-        }
         let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates/qwen2_5.jinja");
-        std::fs::copy(template, dir.path().join("chat_template.jinja")).unwrap();
-        dir
+        let template = std::fs::read_to_string(template).unwrap();
+        kiln_testkit::fixtures::with_chat_template(&fixture("qwen2"), &template)
     })
     .path()
 }
@@ -443,14 +438,9 @@ fn the_official_openai_python_client_works() {
 // back as `reasoning_content`, plain and streamed.
 #[test]
 fn reasoning_is_returned_apart_from_the_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture("qwen2")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-    }
     let template = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}\
                     {%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{%- endif %}";
-    std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+    let dir = kiln_testkit::fixtures::with_chat_template(&fixture("qwen2"), template);
     let s = Server::start_model(dir.path(), &[]);
     let body = json!({"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 16, "temperature": 0});
     let v: Value = s.post("/v1/chat/completions", &body).json().unwrap();

@@ -263,7 +263,7 @@ fn quantised_matmuls_prefill_and_decode() {
         for dtype in QUANTS {
             for (n, k, bias, accumulate) in matmul_shapes(dtype, lanes, host) {
                 let bias_t = bias.then_some(DType::F32);
-                let prefill = Kernel::MatMul {
+                let kernel = |max_rows| Kernel::MatMul {
                     n,
                     k,
                     wdtype: dtype,
@@ -272,30 +272,9 @@ fn quantised_matmuls_prefill_and_decode() {
                     norm: None,
                     act: None,
                     softcap: None,
-                    max_rows: ROWS,
+                    max_rows,
                 };
-                let decode = Kernel::MatMul {
-                    n,
-                    k,
-                    wdtype: dtype,
-                    bias: bias_t,
-                    accumulate,
-                    norm: None,
-                    act: None,
-                    softcap: None,
-                    max_rows: 1,
-                };
-                let batched = Kernel::MatMul {
-                    n,
-                    k,
-                    wdtype: dtype,
-                    bias: bias_t,
-                    accumulate,
-                    norm: None,
-                    act: None,
-                    softcap: None,
-                    max_rows: DECODE_ROWS,
-                };
+                let (prefill, decode, batched) = (kernel(ROWS), kernel(1), kernel(DECODE_ROWS));
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
                 let wv = reference(dtype, &w);
                 let mut bv = rng.vec(n);
