@@ -434,12 +434,15 @@ fn the_official_openai_python_client_works() {
 }
 
 // A thinking model's reasoning stays out of `content`: with a template that opens a `<think>`
-// block for the reply (as DeepSeek-R1's does), what the model writes before `</think>` comes
-// back as `reasoning_content`, plain and streamed.
+// block for the reply (as DeepSeek-R1's and Qwen3's do), what the model writes before
+// `</think>` comes back as `reasoning_content`, plain and streamed; asked not to think, the
+// reply is `content`.
 #[test]
 fn reasoning_is_returned_apart_from_the_answer() {
+    // Thinks unless `enable_thinking` is false, as Qwen3's template.
     let template = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}\
-                    {%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{%- endif %}";
+                    {%- if add_generation_prompt %}<|im_start|>assistant\n\
+                    {%- if enable_thinking is not defined or enable_thinking %}<think>\n{%- endif %}{%- endif %}";
     let dir = kiln_testkit::fixtures::with_chat_template(&fixture("qwen2"), template);
     let s = Server::start_model(dir.path(), &[]);
     let body = json!({"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 16, "temperature": 0});
@@ -456,6 +459,20 @@ fn reasoning_is_returned_apart_from_the_answer() {
         .filter_map(|e| e["choices"].get(0)?["delta"]["reasoning_content"].as_str())
         .collect();
     assert_eq!(text, reasoning, "the stream carries the same reasoning");
+    // `chat_template_kwargs.enable_thinking: false` (vLLM's and llama-server's extension) asks
+    // the template not to open the block: the reply is the answer.
+    let mut plain = body.clone();
+    plain["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let v: Value = s.post("/v1/chat/completions", &plain).json().unwrap();
+    let message = &v["choices"][0]["message"];
+    assert!(
+        message["reasoning_content"].as_str().unwrap_or_default().is_empty(),
+        "{v}"
+    );
+    assert!(!message["content"].as_str().unwrap_or_default().is_empty(), "{v}");
+    let mut wrong = body.clone();
+    wrong["chat_template_kwargs"] = json!({"enable_thinking": "no"});
+    assert_eq!(s.post("/v1/chat/completions", &wrong).status(), 400);
 }
 
 // Requests beyond the free slots wait in the queue; beyond `--max-queue` they get 503 with

@@ -51,6 +51,9 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Do not stop at end-of-sequence tokens (`ignore_eos`, as llama-server and vLLM take it).
     pub ignore_eos: bool,
+    /// `chat_template_kwargs.enable_thinking` (vLLM's and llama-server's extension): asks a
+    /// template that reads `enable_thinking` (Qwen3) to think or not; `None` leaves its default.
+    pub enable_thinking: Option<bool>,
 }
 
 /// Why a generation ended, as OpenAI names it.

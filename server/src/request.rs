@@ -130,6 +130,25 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
     // llama-server's and vLLM's extension: generate `max_tokens` whatever the model samples
     // (benchmarks need requests of a fixed length).
     let ignore_eos = fields.bool("ignore_eos")?.unwrap_or(false);
+    let enable_thinking = match fields.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => match o.get("enable_thinking") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs.enable_thinking",
+                    "`chat_template_kwargs.enable_thinking` must be a boolean",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                "`chat_template_kwargs` must be an object",
+            ));
+        }
+    };
     let include_usage = match fields.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -157,6 +176,7 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
             sampling,
             stop,
             ignore_eos,
+            enable_thinking,
         },
         stream,
         include_usage,

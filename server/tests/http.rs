@@ -50,7 +50,7 @@ async fn options_reach_the_backend() {
         "messages": [{"role":"developer","content":"terse"},{"role":"user","content":"hi"}],
         "max_completion_tokens": 9, "temperature": 0.25, "top_p": 0.5, "top_k": 3, "min_p": 0.125,
         "seed": 42, "stop": ["\n\n", "END"], "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 1,
-        "ignore_eos": true
+        "ignore_eos": true, "chat_template_kwargs": {"enable_thinking": false}
     });
     assert_eq!(s.post("/v1/chat/completions", &body).await.status(), 200);
     let expected = GenRequest {
@@ -75,6 +75,7 @@ async fn options_reach_the_backend() {
             frequency_penalty: Some(-0.5),
         },
         ignore_eos: true,
+        enable_thinking: Some(false),
         stop: vec!["\n\n".into(), "END".into()],
     };
     assert_eq!(s.backend.last_request(), Some(expected));

@@ -49,7 +49,7 @@ impl KilnBackend {
     }
 
     /// The prompt's ids, and whether it leaves the reply inside a `<think>` block.
-    fn encode(&self, prompt: &Prompt) -> Result<(Vec<u32>, bool), SubmitError> {
+    fn encode(&self, prompt: &Prompt, enable_thinking: Option<bool>) -> Result<(Vec<u32>, bool), SubmitError> {
         let encode = |text: &str, special: bool| {
             self.tokenizer
                 .encode(text, special)
@@ -67,6 +67,7 @@ impl KilnBackend {
                 let messages: Vec<Message> = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
                 let options = RenderOptions {
                     add_generation_prompt: true,
+                    enable_thinking,
                     ..RenderOptions::default()
                 };
                 let text = template
@@ -99,7 +100,7 @@ impl Backend for KilnBackend {
             return Err(SubmitError::ShuttingDown);
         }
         let sampling = self.sampling(&req.sampling)?;
-        let (prompt, starts_thinking) = self.encode(&req.prompt)?;
+        let (prompt, starts_thinking) = self.encode(&req.prompt, req.enable_thinking)?;
         if prompt.is_empty() {
             return Err(bad("the prompt encodes to no tokens".into(), Some("prompt")));
         }
