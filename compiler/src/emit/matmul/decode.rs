@@ -225,6 +225,29 @@ pub(in crate::emit) fn decode_split<'c, F, G>(
     });
 }
 
+/// Outputs `col0..col0 + ncols` (of the share ending at weight row `end`) of activation rows
+/// `r0..r0 + m`: what one call of the inner loop computes.
+#[derive(Clone, Copy)]
+struct Tile<'c, 'a> {
+    col0: Value<'c, 'a>,
+    ncols: usize,
+    end: Value<'c, 'a>,
+    r0: Value<'c, 'a>,
+    m: usize,
+}
+
+impl<'c, 'a> Tile<'c, 'a> {
+    /// The tile's activation rows, weight rows, and zero accumulators (`rows * cols` of them,
+    /// row-major).
+    #[allow(clippy::type_complexity)]
+    fn start<'x>(&self, b: Kb<'c, 'x>, lanes: usize) -> (Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>) {
+        let rows = (0..self.m).map(|i| b.addi(self.r0, b.idx(i))).collect();
+        let cols = (0..self.ncols).map(|c| b.addi(self.col0, b.idx(c))).collect();
+        let inits = (0..self.m * self.ncols).map(|_| b.zero_like(lanes)).collect();
+        (rows, cols, inits)
+    }
+}
+
 impl<'c, 'a> MatMul<'c, 'a> {
     /// Decode: each thread walks its weight rows a few at a time ([`decode_float_rows`],
     /// [`decode_quant_rows`]), one accumulator per weight row and activation row and the
@@ -278,9 +301,31 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let tile = decode_row_tile(cols, self.lanes).min(max_rows.next_power_of_two());
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
             if dtype.is_quantized() {
-                self.quant_rows(b, w, dtype, col0, cols, end, r0, m)
+                self.quant_rows(
+                    b,
+                    w,
+                    dtype,
+                    Tile {
+                        col0,
+                        ncols: cols,
+                        end,
+                        r0,
+                        m,
+                    },
+                )
             } else {
-                self.float_rows(b, w, dtype, col0, cols, end, r0, m)
+                self.float_rows(
+                    b,
+                    w,
+                    dtype,
+                    Tile {
+                        col0,
+                        ncols: cols,
+                        end,
+                        r0,
+                        m,
+                    },
+                )
             }
         };
         if max_rows == 1 {
@@ -301,25 +346,12 @@ impl<'c, 'a> MatMul<'c, 'a> {
         }
     }
 
-    /// Outputs `col0..col0 + ncols` of activation rows `r0..r0 + m` from float weights, one
-    /// FMA chain each, walking `k` a cache line of weights per step with one prefetch per
-    /// weight row and line.
-    #[allow(clippy::too_many_arguments)]
-    fn float_rows(
-        &self,
-        b: Kb<'c, '_>,
-        w: Value<'c, '_>,
-        dtype: DType,
-        col0: Value<'c, '_>,
-        ncols: usize,
-        end: Value<'c, '_>,
-        r0: Value<'c, '_>,
-        m: usize,
-    ) {
+    /// The tile's outputs from float weights, one FMA chain each, walking `k` a cache line of
+    /// weights per step with one prefetch per weight row and line.
+    fn float_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>) {
         let lanes = self.lanes;
-        let rows: Vec<Value> = (0..m).map(|i| b.addi(r0, b.idx(i))).collect();
-        let cols: Vec<Value> = (0..ncols).map(|r| b.addi(col0, b.idx(r))).collect();
-        let inits: Vec<Value> = (0..m * ncols).map(|_| b.zero_like(lanes)).collect();
+        let (ncols, end) = (t.ncols, t.end);
+        let (rows, cols, inits) = t.start(b, lanes);
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= lanes && self.k.is_multiple_of(per_line) {
             per_line / lanes
@@ -361,21 +393,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
         }
     }
 
-    /// Outputs `col0..col0 + ncols` of activation rows `r0..r0 + m` from quantised weights,
-    /// prefetching each weight row's stream as [`decode_prefetches`] says.
-    #[allow(clippy::too_many_arguments)]
-    fn quant_rows(
-        &self,
-        b: Kb<'c, '_>,
-        w: Value<'c, '_>,
-        dtype: DType,
-        col0: Value<'c, '_>,
-        ncols: usize,
-        end: Value<'c, '_>,
-        r0: Value<'c, '_>,
-        m: usize,
-    ) {
+    /// The tile's outputs from quantised weights, prefetching each weight row's stream as
+    /// [`decode_prefetches`] says.
+    fn quant_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>) {
         let lanes = self.lanes;
+        let (ncols, end) = (t.ncols, t.end);
         let be = dtype.block_elems();
         let blocks = self.k / be;
         // Several 32-element blocks per iteration, to amortise the loop's own instructions.
@@ -383,9 +405,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             .into_iter()
             .find(|&u| be * u <= 128 && blocks.is_multiple_of(u))
             .unwrap_or(1);
-        let rows: Vec<Value> = (0..m).map(|i| b.addi(r0, b.idx(i))).collect();
-        let cols: Vec<Value> = (0..ncols).map(|r| b.addi(col0, b.idx(r))).collect();
-        let inits: Vec<Value> = (0..m * ncols).map(|_| b.zero_like(lanes)).collect();
+        let (rows, cols, inits) = t.start(b, lanes);
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
         let prefetches = decode_prefetches();
