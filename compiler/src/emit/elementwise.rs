@@ -70,7 +70,7 @@ fn gather_row<'c>(
         let (lo, hi) = (b.idx(0), b.idx(hidden / be));
         b.for_each(lo, hi, one, |b, blk| {
             let c0 = b.muli(blk, b.idx(be));
-            for (i, v) in quant::dequant_block(b, table, dtype, t, blk, lanes)
+            for (i, v) in quant::dequant_block(b, table, dtype, t, blk, lanes, quant::Zeros::Signed)
                 .into_iter()
                 .enumerate()
             {

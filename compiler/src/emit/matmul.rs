@@ -250,7 +250,7 @@ fn widen_rows<'c>(
             let blk = b.addi(first, i);
             let col0 = b.muli(i, b.idx(be));
             for j in 0..cols {
-                let vals = quant::dequant_block(b, w, dtype, b.addi(n0, b.idx(j)), blk, lanes);
+                let vals = quant::dequant_block(b, w, dtype, b.addi(n0, b.idx(j)), blk, lanes, quant::Zeros::Either);
                 for (v, &val) in vals.iter().enumerate() {
                     b.store(val, scratch, &[b.idx(j), b.addi(col0, b.idx(v * lanes))]);
                 }

@@ -10,17 +10,27 @@
 //! is described the same way: per group of `lanes` elements an integer *code* vector (the
 //! quantised value as an unsigned or signed integer, extracted with vector shifts and masks), and
 //! per *scale group* (the elements sharing a scale, and a min where the format has one) an
-//! [`Affine`] map from code to value written with the reference's own operations in the
-//! reference's order — `(c - off) * d`, `c * d + m` or `d * c - m`, each rounding separately,
-//! never fused — so every value equals the reference bit for bit.
+//! [`Affine`] map from code to value. The reference writes these maps as `(c - off) * d`,
+//! `c * d + m` or `d * c - m`, each operation rounding separately. For a matmul ([`Zeros::Either`])
+//! each is one fused multiply-add `c * d + a` (`a` = `-off * d`, `m` or `-m`), which gives the
+//! reference's value: `off` is a power of two, so `-off * d` is exact and `(c - off) * d` is
+//! rounded once on both sides; and where the reference rounds `c * d` before adding, that
+//! product is exact (a code of at most 5 bits times an f16 scale, or times an f16 scale
+//! multiplied by a 6-bit sub-block scale: at most 22 significant bits), so its rounding was a
+//! no-op. The one difference: where `c == off`, `c * d - off * d` is `+0` while the reference's
+//! `0 * d` is `-0` for a negative `d`. No matmul output can tell: its accumulators start at
+//! `+0`, and adding a zero of either sign to them leaves them as they are. The embedding,
+//! whose output *is* the values, asks for [`Zeros::Signed`] and gets `(c - off) * d` written
+//! the reference's way. One conversion and one FMA per vector instead of a conversion, a
+//! multiply and an add.
 //!
 //! With AVX-512 (16 lanes) the formats whose codes have at most 5 bits and whose scale groups
 //! span 32 elements or more (q4_0, q4_1, q5_0, q5_1, q4_k, q5_k) evaluate the affine map once per
-//! scale group on all 16 or 32 possible codes (a *table*, computed with the same operations on
+//! scale group on all 16 or 32 possible codes (a *table*, computed with the same operation on
 //! the same operands, hence the same values), and look each code up with one `vpermps`
-//! (16 entries) or `vpermi2ps` (32 entries): a conversion, a multiply and an add per vector
-//! become one permute. The other formats, and every format on narrower machines, convert the
-//! codes and apply the map per vector.
+//! (16 entries) or `vpermi2ps` (32 entries): a conversion and an FMA per vector become one
+//! permute. The other formats, and every format on narrower machines, convert the codes and
+//! apply the map per vector.
 
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -32,21 +42,48 @@ const PERMPS_512: &str = "llvm.x86.avx512.permvar.sf.512";
 /// `vpermi2ps` with two 512-bit tables: `out[i] = (idx[i] & 16 ? hi : lo)[idx[i] & 15]`.
 const PERMI2PS_512: &str = "llvm.x86.avx512.vpermi2var.ps.512";
 
+/// Whether a value that is zero must carry the reference's sign (see the module's note).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Zeros {
+    /// Every value bitwise the reference's, the sign of a zero included: values that are
+    /// stored as they are (the embedding).
+    Signed,
+    /// A zero may have the other sign: values only multiplied into sums that start at `+0`
+    /// (matmuls), which then come out bitwise the same.
+    Either,
+}
+
+/// How the codes of one scale group become values; `d` and `a` are `lanes`-wide splats.
+#[derive(Clone, Copy)]
+enum Affine<'c, 'a> {
+    /// `c as f32 * d` (signed codes: q8_0).
+    Scale { d: Value<'c, 'a> },
+    /// The reference's `(c - off) * d` (`off` a power of two); `neg` is `-off * d`.
+    Offset {
+        d: Value<'c, 'a>,
+        off: i64,
+        neg: Value<'c, 'a>,
+    },
+    /// `c as f32 * d + a`, rounded once: the reference's `c * d + m` (`a = m`) or `d * c - m`
+    /// (`a = -m`), whose product `c * d` is exact.
+    Fma { d: Value<'c, 'a>, a: Value<'c, 'a> },
+}
+
+impl<'c, 'a> Affine<'c, 'a> {
+    fn offset(b: Kb<'c, 'a>, d: Value<'c, 'a>, off: i64, lanes: usize) -> Self {
+        debug_assert!((off as u64).is_power_of_two());
+        Affine::Offset {
+            d,
+            off,
+            neg: b.mulf(d, b.f32_splat(-(off as f32), lanes)),
+        }
+    }
+}
+
 /// 2^23, whose f32 encoding has an all-zero mantissa: `bits(2^23) | c` encodes `2^23 + c` for
 /// any `c < 2^23`.
 const MAGIC: f32 = 8_388_608.0;
 const MAGIC_BITS: i64 = 0x4B00_0000;
-
-/// How the codes of one scale group become values; `d` and `m` are `lanes`-wide splats.
-#[derive(Clone, Copy)]
-enum Affine<'c, 'a> {
-    /// `(c - off) as f32 * d` (codes signed when `off` is 0).
-    Offset { d: Value<'c, 'a>, off: i64 },
-    /// `c as f32 * d + m`.
-    MulAdd { d: Value<'c, 'a>, m: Value<'c, 'a> },
-    /// `d * c as f32 - m`.
-    MulSub { d: Value<'c, 'a>, m: Value<'c, 'a> },
-}
 
 /// Whether `dequant_block` looks codes up in per-scale-group tables for this format and width.
 fn uses_tables(dtype: DType, lanes: usize) -> bool {
@@ -67,8 +104,9 @@ pub fn dequant_block<'c, 'a>(
     row: Value<'c, '_>,
     blk: Value<'c, '_>,
     lanes: usize,
+    zeros: Zeros,
 ) -> Vec<Value<'c, 'a>> {
-    let mut block = BlockReader::new(b, w, dtype, row, blk, lanes);
+    let mut block = BlockReader::new(b, w, dtype, row, blk, lanes, zeros);
     (0..block.groups()).map(|g| block.value(g)).collect()
 }
 
@@ -83,6 +121,7 @@ pub fn dequant_block<'c, 'a>(
 pub struct BlockReader<'c, 'a, 'w> {
     blk: Blk<'c, 'a, 'w>,
     dtype: DType,
+    zeros: Zeros,
     /// The format's per-block vector of scales (k-quants: one lane per scale group), made once.
     scales: Option<Value<'c, 'a>>,
     /// q5_0/q5_1: the 32 high bits as a splat u32 word.
@@ -100,6 +139,7 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         row: Value<'c, 'w>,
         blk: Value<'c, 'w>,
         lanes: usize,
+        zeros: Zeros,
     ) -> Self {
         assert!(dtype.is_quantized(), "{dtype} is not a block format");
         assert!(
@@ -118,6 +158,7 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         BlockReader {
             blk,
             dtype,
+            zeros,
             scales: None,
             high_word: None,
             affines: HashMap::new(),
@@ -141,13 +182,13 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
                 4
             };
             if !self.tables.contains_key(&sg) {
-                let t = table(b, self.affine(sg), bits);
+                let t = table(b, self.affine(sg), bits, self.zeros);
                 self.tables.insert(sg, t);
             }
             lookup(b, &self.tables[&sg], code)
         } else {
             let a = self.affine(sg);
-            apply(b, a, code, self.blk.lanes)
+            apply(b, a, code, self.blk.lanes, self.zeros)
         }
     }
 
@@ -169,11 +210,11 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         let q = &mut self.blk;
         let b = q.b;
         let s = match self.dtype {
-            // Lanes 0..16: `d * (sc & 15)`, lanes 16..32: `dmin * (sc >> 4)`.
+            // Lanes 0..16: `d * (sc & 15)`, lanes 16..32: `-dmin * (sc >> 4)` (exact products).
             DType::Q2K => {
                 let sc = q.bytes(0, 16, false);
-                let d = b.mulf(b.uitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), q.f16(80, 16));
-                let m = b.mulf(b.uitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), q.f16(82, 16));
+                let d = b.mulf(b.sitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), q.f16(80, 16));
+                let m = b.mulf(b.sitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), b.negf(q.f16(82, 16)));
                 b.shuffle_any(d, m, &(0..32).collect::<Vec<_>>())
             }
             DType::Q3K => {
@@ -192,39 +233,26 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         let lanes = self.blk.lanes;
         let b = self.blk.b;
         match self.dtype {
-            DType::Q8_0 => Affine::Offset {
+            DType::Q8_0 => Affine::Scale {
                 d: self.blk.f16(0, lanes),
-                off: 0,
             },
-            DType::Q4_0 => Affine::Offset {
+            DType::Q4_0 => Affine::offset(b, self.blk.f16(0, lanes), 8, lanes),
+            DType::Q5_0 => Affine::offset(b, self.blk.f16(0, lanes), 16, lanes),
+            DType::Q4_1 | DType::Q5_1 => Affine::Fma {
                 d: self.blk.f16(0, lanes),
-                off: 8,
-            },
-            DType::Q5_0 => Affine::Offset {
-                d: self.blk.f16(0, lanes),
-                off: 16,
-            },
-            DType::Q4_1 | DType::Q5_1 => Affine::MulAdd {
-                d: self.blk.f16(0, lanes),
-                m: self.blk.f16(2, lanes),
+                a: self.blk.f16(2, lanes),
             },
             DType::Q2K | DType::Q4K | DType::Q5K => {
-                // The scale vector holds the scale groups' factors, then their mins.
+                // The scale vector holds the scale groups' factors, then their negated mins.
                 let groups = if self.dtype == DType::Q2K { 16 } else { 8 };
                 let s = self.scales();
-                Affine::MulSub {
+                Affine::Fma {
                     d: splat(b, s, sg, lanes),
-                    m: splat(b, s, groups + sg, lanes),
+                    a: splat(b, s, groups + sg, lanes),
                 }
             }
-            DType::Q3K => Affine::Offset {
-                d: splat(b, self.scales(), sg, lanes),
-                off: 4,
-            },
-            DType::Q6K => Affine::Offset {
-                d: splat(b, self.scales(), sg, lanes),
-                off: 32,
-            },
+            DType::Q3K => Affine::offset(b, splat(b, self.scales(), sg, lanes), 4, lanes),
+            DType::Q6K => Affine::offset(b, splat(b, self.scales(), sg, lanes), 32, lanes),
             DType::F32 | DType::F16 | DType::BF16 => unreachable!("float weights are not blocks"),
         }
     }
@@ -412,7 +440,7 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
         b.ori(lo, b.shli(hi, b.int_splat(4, 16, "i32")))
     }
 
-    /// `d * sc_j` (lanes 0..8) and `dmin * m_j` (lanes 8..16) of a q4_k/q5_k block, with the
+    /// `d * sc_j` (lanes 0..8) and `-dmin * m_j` (lanes 8..16) of a q4_k/q5_k block, with the
     /// 6-bit `sc_j`, `m_j` unpacked as ggml's `get_scale_min_k4`: for `j < 4` the low 6 bits of
     /// bytes `j` and `j + 4`; for `j >= 4` the low (high) nibble of byte `j + 4` plus the top 2
     /// bits of byte `j - 4` (`j`) as bits 4..6.
@@ -444,9 +472,9 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
         let q = b.extui(b.shuffle_any(raw, raw, &q_src), "i32");
         let p = b.andi(b.shrui(p, b.int_vec(&p_shift, "i32")), b.int_vec(&p_mask, "i32"));
         let q = b.andi(b.shrui(q, b.int_splat(2, 16, "i32")), b.int_vec(&q_mask, "i32"));
-        let six = b.uitofp(b.ori(p, q));
+        let six = b.sitofp(b.ori(p, q));
         let d = self.f16(0, 16);
-        let dmin = self.f16(2, 16);
+        let dmin = b.negf(self.f16(2, 16));
         let dm = b.shuffle_any(
             d,
             dmin,
@@ -461,41 +489,36 @@ fn splat<'c, 'a>(b: Kb<'c, 'a>, v: Value<'c, 'a>, i: usize, lanes: usize) -> Val
     b.shuffle_any(v, v, &vec![i; lanes])
 }
 
-/// The values of a code vector (i32 lanes) under `a`.
-fn apply<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, code: Value<'c, 'a>, lanes: usize) -> Value<'c, 'a> {
-    match a {
-        Affine::Offset { d, off: 0 } => b.mulf(b.sitofp(code), d),
+/// The values of a code vector (i32 lanes, small enough for a signed conversion) under `a`.
+fn apply<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, code: Value<'c, 'a>, lanes: usize, zeros: Zeros) -> Value<'c, 'a> {
+    match (a, zeros) {
         // `c - off` exactly, by placing the (non-negative, small) code in the mantissa of 2^23
         // and subtracting `2^23 + off`: the `or` usually merges into the code's last logic op.
-        Affine::Offset { d, off } => {
+        (Affine::Offset { d, off, .. }, Zeros::Signed) => {
             let biased = b.bitcast(b.ori(code, b.int_splat(MAGIC_BITS, lanes, "i32")), "f32");
             b.mulf(b.subf(biased, b.f32_splat(MAGIC + off as f32, lanes)), d)
         }
-        Affine::MulAdd { d, m } => b.addf(b.mulf(b.uitofp(code), d), m),
-        Affine::MulSub { d, m } => b.subf(b.mulf(d, b.uitofp(code)), m),
+        _ => of_codes(b, a, b.sitofp(code), lanes, zeros),
+    }
+}
+
+/// `a` applied to codes already converted to f32.
+fn of_codes<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, c: Value<'c, 'a>, lanes: usize, zeros: Zeros) -> Value<'c, 'a> {
+    match (a, zeros) {
+        (Affine::Scale { d }, _) => b.mulf(c, d),
+        (Affine::Offset { d, off, .. }, Zeros::Signed) => b.mulf(b.subf(c, b.f32_splat(off as f32, lanes)), d),
+        (Affine::Offset { d, neg, .. }, Zeros::Either) => b.fma(c, d, neg),
+        (Affine::Fma { d, a }, _) => b.fma(c, d, a),
     }
 }
 
 /// `a` evaluated on every code `0..2^bits` (16-lane vectors), with the same operations as
 /// [`apply`].
-fn table<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, bits: u32) -> Vec<Value<'c, 'a>> {
+fn table<'c, 'a>(b: Kb<'c, 'a>, a: Affine<'c, 'a>, bits: u32, zeros: Zeros) -> Vec<Value<'c, 'a>> {
     (0..1usize << (bits - 4))
         .map(|t| {
-            let codes: Vec<i64> = (0..16).map(|i| (16 * t + i) as i64).collect();
-            match a {
-                Affine::Offset { d, off } => {
-                    let v: Vec<f32> = codes.iter().map(|c| (c - off) as f32).collect();
-                    b.mulf(b.f32_vec(&v), d)
-                }
-                Affine::MulAdd { d, m } => {
-                    let v: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
-                    b.addf(b.mulf(b.f32_vec(&v), d), m)
-                }
-                Affine::MulSub { d, m } => {
-                    let v: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
-                    b.subf(b.mulf(d, b.f32_vec(&v)), m)
-                }
-            }
+            let codes: Vec<f32> = (0..16).map(|i| (16 * t + i) as f32).collect();
+            of_codes(b, a, b.f32_vec(&codes), 16, zeros)
         })
         .collect()
 }

@@ -432,7 +432,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 // and each dequantised vector lives for a few instructions (see `BlockReader`).
                 let mut blocks: Vec<_> = cols
                     .iter()
-                    .map(|&col| quant::BlockReader::new(b, w, dtype, col, blk, lanes))
+                    .map(|&col| quant::BlockReader::new(b, w, dtype, col, blk, lanes, quant::Zeros::Either))
                     .collect();
                 for g in 0..be / lanes {
                     let kk = b.addi(k0, b.idx(g * lanes));
