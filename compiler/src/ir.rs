@@ -171,8 +171,13 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn maxui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("arith.maxui", &[a, b], a.r#type(), &[])
     }
+    /// Integer comparison: an `i1`, or a vector of `i1` lanes for vector operands.
     pub fn cmpi(&self, pred: Cmp, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
-        let i1 = self.ty("i1");
+        let i1 = if a.r#type().is_vector() {
+            self.retyped(a, "i1")
+        } else {
+            self.ty("i1")
+        };
         self.op1(
             "arith.cmpi",
             &[a, b],

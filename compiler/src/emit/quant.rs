@@ -171,11 +171,16 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         self.dtype.block_elems() / self.blk.lanes
     }
 
-    /// The values of group `g` (elements `g * lanes ..`), bitwise the reference's.
+    /// The values of group `g` (elements `g * lanes ..`), bitwise the reference's (up to the
+    /// sign of a zero with [`Zeros::Either`]).
     pub fn value(&mut self, g: usize) -> Value<'c, 'a> {
-        let (code, sg) = self.code(g);
         let b = self.blk.b;
-        if uses_tables(self.dtype, self.blk.lanes) {
+        let tables = uses_tables(self.dtype, self.blk.lanes);
+        if self.dtype == DType::Q5_0 && self.zeros == Zeros::Either && !tables {
+            return self.q5_0_value(g);
+        }
+        let (code, sg) = self.code(g);
+        if tables {
             let bits = if matches!(self.dtype, DType::Q5_0 | DType::Q5_1 | DType::Q5K) {
                 5
             } else {
@@ -190,6 +195,35 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
             let a = self.affine(sg);
             apply(b, a, code, self.blk.lanes, self.zeros)
         }
+    }
+
+    /// A q5_0 group without assembling its 5-bit codes: `(c - 16) * d` is `nib * d + a` with
+    /// `a = -16 * d` where the high bit is clear and `0` where it is set (then `nib * d` is
+    /// exact). The high bit of each lane is shifted to the lane's sign bit (`vpsllvd`), which a
+    /// blend reads directly (`vblendvps`): two instructions where masking the bit, moving it to
+    /// bit 4 and merging it into the code took three, and with fewer constants live.
+    fn q5_0_value(&mut self, g: usize) -> Value<'c, 'a> {
+        let lanes = self.blk.lanes;
+        let e = g * lanes;
+        let b = self.blk.b;
+        let raw = self.blk.bytes(6 + e % 16, lanes, false);
+        let nib = if e < 16 {
+            b.andi(raw, self.blk.c(15))
+        } else {
+            b.shrui(raw, self.blk.c(4))
+        };
+        let word = self.high_word(2);
+        let shifts: Vec<i64> = (0..lanes as i64).map(|j| 31 - (e as i64 + j)).collect();
+        let top = b.shli(word, b.int_vec(&shifts, "i32"));
+        let set = b.cmpi(crate::ir::Cmp::Slt, top, self.blk.c(0));
+        let Affine::Offset { d, neg, .. } = self.affine(0) else {
+            unreachable!("q5_0 is an offset format")
+        };
+        // -0, not +0: `x + -0` is `x` for every `x`, so `nib * d` keeps its sign when zero, and
+        // two non-zero operands make the select the one blend (+0 would be an and-not after a
+        // compare).
+        let add = b.select(set, b.f32_splat(-0.0, lanes), neg);
+        b.fma(b.sitofp(nib), d, add)
     }
 
     /// The map of scale group `sg`, made on first use.

@@ -20,19 +20,57 @@ use melior::ir::Value;
 /// Weight rows a decode thread walks together over quantised weights (one FMA chain each):
 /// enough independent chains to hide the FMA latency behind the dequantisation work, few enough
 /// that each row's block state (scale splats, byte vectors read twice) stays in registers.
-/// q5_0/q5_1 with 8 lanes (AVX2, 16 registers) take 2: four rows' high-bit words and bytes
-/// spilled to the stack, and one thread read 7.2 Gweights/s with 2 rows against 5.2–6.4 with
-/// 4 (`quant_speed`, 2-vCPU AMD EPYC Zen 3); the other 32-element formats measured alike or
-/// better with 4.
+/// Four for the 32-element formats, and for the k-quants with 8 lanes (AVX2, 16 registers)
+/// but q5_k, which spills with four; two for the k-quants with AVX-512 (tuned there). With 8
+/// lanes q5_0 and q5_1 read as fast with 4 rows as with 2 once a step is one block walked row
+/// by row ([`decode_quant_step`]). Measured with `quant_speed` (one thread, in cache, AVX2
+/// code on a 2-vCPU AMD EPYC with AVX-512; Gweights/s, best of two runs, 2 → 4 rows):
+/// q8_0 15.9 → 23.4, q4_0 15.7 → 19.7, q4_k 15.6 → 17.4, q6_k 9.7 → 9.9, q5_k 11.7 → 11.0.
 pub(in crate::emit) fn decode_quant_rows(dtype: DType, lanes: usize) -> usize {
     if let Some(r) = exp_var("KILN_EXP_ROWS") {
         return r;
     }
-    let five_bit = matches!(dtype, DType::Q5_0 | DType::Q5_1);
-    match dtype.block_elems() {
-        32 if five_bit && lanes <= 8 => 2,
-        32 => 4,
-        _ => 2,
+    match (dtype.block_elems(), lanes <= 8) {
+        (32, _) => 4,
+        _ if dtype == DType::Q5K => 2,
+        (_, narrow) => {
+            if narrow {
+                4
+            } else {
+                2
+            }
+        }
+    }
+}
+
+/// How a decode step over quantised weights is laid out: how many consecutive blocks of each
+/// weight row it reads, and whether it folds them in weight row by weight row (each row's
+/// block, then the next row's) or group by group (the first vector of every row, then the
+/// second ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::emit) struct QuantStep {
+    pub blocks: usize,
+    pub row_major: bool,
+}
+
+/// The step layout for `dtype` at `lanes`. With 16 registers (8 lanes, AVX2) a step over
+/// 32-element blocks reads one block per row, row by row: LLVM schedules each step's loads
+/// early, and four blocks of four rows in flight spilled the scale, code and high-bit
+/// vectors to the stack (q5_0 12.3 → 14.4 Gweights/s one thread in cache, q8_0 19.6 → 23.4,
+/// q4_0 18.1 → 19.7, `quant_speed`, same machine as [`decode_quant_rows`]). The k-quants' blocks
+/// of 256 are one per step already and measured best group by group. With AVX-512's 32
+/// registers, the tuned 128 elements per step, group by group, stay.
+pub(in crate::emit) fn decode_quant_step(dtype: DType, lanes: usize, blocks_in_row: usize) -> QuantStep {
+    let be = dtype.block_elems();
+    let narrow = lanes <= 8;
+    let most = if narrow { be } else { 128 };
+    let blocks = [4, 2, 1]
+        .into_iter()
+        .find(|&u| be * u <= most && blocks_in_row.is_multiple_of(u))
+        .unwrap_or(1);
+    QuantStep {
+        blocks,
+        row_major: narrow && be == 32,
     }
 }
 
@@ -400,11 +438,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let (ncols, end) = (t.ncols, t.end);
         let be = dtype.block_elems();
         let blocks = self.k / be;
-        // Several 32-element blocks per iteration, to amortise the loop's own instructions.
-        let unroll = [4, 2, 1]
-            .into_iter()
-            .find(|&u| be * u <= 128 && blocks.is_multiple_of(u))
-            .unwrap_or(1);
+        let QuantStep {
+            blocks: unroll,
+            row_major,
+        } = decode_quant_step(dtype, lanes, blocks);
         let (rows, cols, inits) = t.start(b, lanes);
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
@@ -428,12 +465,26 @@ impl<'c, 'a> MatMul<'c, 'a> {
             for u in 0..unroll {
                 let blk = b.addi(kb, b.idx(u));
                 let k0 = b.muli(blk, b.idx(be));
-                // Group by group, every row's values folded in as they are made: each x vector
-                // and each dequantised vector lives for a few instructions (see `BlockReader`).
+                // Every value folded in as it is made, so each dequantised vector lives for a
+                // few instructions (see `BlockReader`): row by row, or group by group (each x
+                // vector loaded once for all rows).
                 let mut blocks: Vec<_> = cols
                     .iter()
                     .map(|&col| quant::BlockReader::new(b, w, dtype, col, blk, lanes, quant::Zeros::Either))
                     .collect();
+                if row_major {
+                    for (c, block) in blocks.iter_mut().enumerate() {
+                        for g in 0..be / lanes {
+                            let kk = b.addi(k0, b.idx(g * lanes));
+                            let wv = block.value(g);
+                            for (i, &r) in rows.iter().enumerate() {
+                                let xv = b.load_f32(self.x, &[r, kk], lanes);
+                                acc[i * ncols + c] = b.fma(wv, xv, acc[i * ncols + c]);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for g in 0..be / lanes {
                     let kk = b.addi(k0, b.idx(g * lanes));
                     let xs: Vec<Value> = rows.iter().map(|&r| b.load_f32(self.x, &[r, kk], lanes)).collect();
