@@ -414,6 +414,34 @@ fn tokenization_matches_llama_cpp_on_fixture_vocabularies() {
     );
 }
 
+/// The tokenizer built straight from a GGUF vocabulary's lists is the one its `tokenizer.json`
+/// text gives (every fixture vocabulary: byte-level BPE of several pre-tokenizers, and the
+/// SentencePiece one rebuilt as BPE), and it is not the JSON route in disguise: the direct
+/// route applies to each of them.
+#[test]
+fn direct_and_json_routes_build_the_same_tokenizer() {
+    let all = read_json("tokens.json");
+    let mut files: Vec<&String> = all.as_object().unwrap().keys().collect();
+    files.sort();
+    assert!(files.len() >= 4, "{files:?}");
+    for file in files {
+        let path = fixture(file);
+        let bytes = std::fs::read(&path).unwrap();
+        let header = GgufHeader::parse(&bytes, &path).unwrap();
+        let vocab = vocab_from_header(&header, &path).unwrap();
+        let doc = super::tokenizer::tokenizer_json(&vocab, &path).unwrap();
+        assert!(
+            kiln_text::tokenizer::Tokenizer::from_bpe_parts(doc.bpe_parts(), None)
+                .unwrap()
+                .is_some(),
+            "{file}: the direct route declined"
+        );
+        let direct = build_tokenizer(&vocab, &path).unwrap();
+        let json = super::tokenizer::build_tokenizer_via_json(&vocab, &path).unwrap();
+        assert_eq!(direct.fingerprint(), json.fingerprint(), "{file}");
+    }
+}
+
 #[test]
 fn decoding_inverts_encoding_on_fixture_vocabularies() {
     let all = read_json("tokens.json");

@@ -369,129 +369,137 @@ pub fn tokenizer_json<'v>(vocab: &'v GgufVocab, path: &Path) -> Result<Tokenizer
         // A repeated text keeps its last id, as llama.cpp's `token_to_id`.
         ids.insert(t.as_str(), i as u32);
     }
-    let vocab_list: Vec<(&str, u32)> = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, t)| ids.get(t.as_str()) == Some(&(*i as u32)))
-        .map(|(i, t)| (t.as_str(), i as u32))
-        .collect();
-    let added: Vec<Json> = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, t)| vocab.token_types[*i].is_added() && ids.get(t.as_str()) == Some(&(*i as u32)))
-        .map(|(i, t)| {
-            json!({
-                "id": i,
-                "content": t,
-                "single_word": false,
-                "lstrip": false,
-                "rstrip": vocab.rstrip_ids.contains(&(i as u32)),
-                "normalized": false,
-                "special": vocab.token_types[i] != TokenType::UserDefined,
-            })
-        })
-        .collect();
-
-    let (normalizer, pre_tokenizer, decoder, model, merges) = match vocab.kind {
-        VocabKind::Gpt2 => {
-            let pre_name = vocab.pre.as_deref().unwrap_or("default");
-            let (regexes, ignore_merges, _) = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
-                path: path.to_path_buf(),
-                what: format!("pre-tokenizer \"{pre_name}\" in tokenizer.ggml.pre (supported: {SUPPORTED_PRE})"),
-            })?;
-            let mut pretoks: Vec<Json> = regexes
+    // The vocabulary list is made on a second thread while this one makes the rest (the
+    // merge filter, 450k lookups for Qwen, is the other long part).
+    std::thread::scope(|s| {
+        let ids = &ids;
+        let vocab_list = s.spawn(move || -> Vec<(&str, u32)> {
+            vocab
+                .tokens
                 .iter()
-                .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
-                .collect();
-            pretoks.push(
-                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}),
-            );
-            // Merges whose parts or result are not tokens can never yield a token; the
-            // `tokenizers` crate refuses them, so they are left out.
-            let mut joined = String::new();
-            let merges: Vec<(&str, &str)> = vocab
-                .merges
-                .iter()
-                .filter(|(a, b)| {
-                    joined.clear();
-                    joined.push_str(a);
-                    joined.push_str(b);
-                    !a.is_empty()
-                        && !b.is_empty()
-                        && ids.contains_key(a.as_str())
-                        && ids.contains_key(b.as_str())
-                        && ids.contains_key(joined.as_str())
+                .enumerate()
+                .filter(|(i, t)| ids.get(t.as_str()) == Some(&(*i as u32)))
+                .map(|(i, t)| (t.as_str(), i as u32))
+                .collect()
+        });
+        let added: Vec<Json> = vocab
+            .tokens
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| vocab.token_types[*i].is_added() && ids.get(t.as_str()) == Some(&(*i as u32)))
+            .map(|(i, t)| {
+                json!({
+                    "id": i,
+                    "content": t,
+                    "single_word": false,
+                    "lstrip": false,
+                    "rstrip": vocab.rstrip_ids.contains(&(i as u32)),
+                    "normalized": false,
+                    "special": vocab.token_types[i] != TokenType::UserDefined,
                 })
-                .map(|(a, b)| (a.as_str(), b.as_str()))
-                .collect();
-            (
-                Json::Null,
-                json!({"type": "Sequence", "pretokenizers": pretoks}),
-                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}),
-                json!({
-                    "type": "BPE",
-                    "dropout": null,
-                    "unk_token": null,
-                    "continuing_subword_prefix": null,
-                    "end_of_word_suffix": null,
-                    "fuse_unk": false,
-                    "byte_fallback": false,
-                    "ignore_merges": ignore_merges,
-                }),
-                merges,
-            )
-        }
-        VocabKind::SentencePiece => {
-            let mut normalizers = Vec::new();
-            if vocab.add_space_prefix {
-                normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
-            }
-            normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
-            let mut decoders = vec![
-                json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
-                json!({"type": "ByteFallback"}),
-                json!({"type": "Fuse"}),
-            ];
-            if vocab.add_space_prefix {
-                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
-            }
-            let unk = vocab.unknown_token_id.map(|id| vocab.tokens[id as usize].clone());
-            (
-                json!({"type": "Sequence", "normalizers": normalizers}),
-                Json::Null,
-                json!({"type": "Sequence", "decoders": decoders}),
-                json!({
-                    "type": "BPE",
-                    "dropout": null,
-                    "unk_token": unk,
-                    "continuing_subword_prefix": null,
-                    "end_of_word_suffix": null,
-                    "fuse_unk": true,
-                    "byte_fallback": true,
-                    "ignore_merges": false,
-                }),
-                spm_merges(vocab, &ids),
-            )
-        }
-    };
+            })
+            .collect();
 
-    let post_processor = post_processor(vocab);
-    let rest = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": post_processor,
-        "decoder": decoder,
-    });
-    let (Json::Object(rest), Json::Object(model)) = (rest, model) else {
-        unreachable!("both are objects")
-    };
-    Ok(TokenizerDoc::new(rest, model, vocab_list, merges))
+        let (normalizer, pre_tokenizer, decoder, model, merges) = match vocab.kind {
+            VocabKind::Gpt2 => {
+                let pre_name = vocab.pre.as_deref().unwrap_or("default");
+                let (regexes, ignore_merges, _) = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
+                    path: path.to_path_buf(),
+                    what: format!("pre-tokenizer \"{pre_name}\" in tokenizer.ggml.pre (supported: {SUPPORTED_PRE})"),
+                })?;
+                let mut pretoks: Vec<Json> = regexes
+                    .iter()
+                    .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
+                    .collect();
+                pretoks.push(
+                    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}),
+                );
+                // Merges whose parts or result are not tokens can never yield a token; the
+                // `tokenizers` crate refuses them, so they are left out.
+                let mut joined = String::new();
+                let merges: Vec<(&str, &str)> = vocab
+                    .merges
+                    .iter()
+                    .filter(|(a, b)| {
+                        joined.clear();
+                        joined.push_str(a);
+                        joined.push_str(b);
+                        !a.is_empty()
+                            && !b.is_empty()
+                            && ids.contains_key(a.as_str())
+                            && ids.contains_key(b.as_str())
+                            && ids.contains_key(joined.as_str())
+                    })
+                    .map(|(a, b)| (a.as_str(), b.as_str()))
+                    .collect();
+                (
+                    Json::Null,
+                    json!({"type": "Sequence", "pretokenizers": pretoks}),
+                    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}),
+                    json!({
+                        "type": "BPE",
+                        "dropout": null,
+                        "unk_token": null,
+                        "continuing_subword_prefix": null,
+                        "end_of_word_suffix": null,
+                        "fuse_unk": false,
+                        "byte_fallback": false,
+                        "ignore_merges": ignore_merges,
+                    }),
+                    merges,
+                )
+            }
+            VocabKind::SentencePiece => {
+                let mut normalizers = Vec::new();
+                if vocab.add_space_prefix {
+                    normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+                }
+                normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+                let mut decoders = vec![
+                    json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+                    json!({"type": "ByteFallback"}),
+                    json!({"type": "Fuse"}),
+                ];
+                if vocab.add_space_prefix {
+                    decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+                }
+                let unk = vocab.unknown_token_id.map(|id| vocab.tokens[id as usize].clone());
+                (
+                    json!({"type": "Sequence", "normalizers": normalizers}),
+                    Json::Null,
+                    json!({"type": "Sequence", "decoders": decoders}),
+                    json!({
+                        "type": "BPE",
+                        "dropout": null,
+                        "unk_token": unk,
+                        "continuing_subword_prefix": null,
+                        "end_of_word_suffix": null,
+                        "fuse_unk": true,
+                        "byte_fallback": true,
+                        "ignore_merges": false,
+                    }),
+                    spm_merges(vocab, ids),
+                )
+            }
+        };
+
+        let post_processor = post_processor(vocab);
+        let rest = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": decoder,
+        });
+        let (Json::Object(rest), Json::Object(model)) = (rest, model) else {
+            unreachable!("both are objects")
+        };
+        let vocab_list = vocab_list.join().expect("listing the vocabulary does not panic");
+        Ok(TokenizerDoc::new(rest, model, vocab_list, merges))
+    })
 }
 
 /// SentencePiece scores as BPE merges: every split of every token into two tokens, ranked by
@@ -580,10 +588,30 @@ fn tokenizer_config(vocab: &GgufVocab) -> Json {
     Json::Object(c)
 }
 
-/// Builds the Kiln tokenizer of `vocab`.
+/// Builds the Kiln tokenizer of `vocab`: straight from its lists where the text crate can
+/// (the `tokenizer.json` it stands for is then never written), else through that JSON text.
+/// Both give the same tokenizer (`tests::direct_and_json_routes_build_the_same_tokenizer`).
 pub fn build_tokenizer(vocab: &GgufVocab, path: &Path) -> Result<Tokenizer, GgufError> {
-    let json = tokenizer_json(vocab, path)?;
-    let bytes = serde_json::to_vec(&json).map_err(|e| tok_err(path, e.to_string()))?;
+    let doc = tokenizer_json(vocab, path)?;
     let config = serde_json::to_vec(&tokenizer_config(vocab)).map_err(|e| tok_err(path, e.to_string()))?;
-    Tokenizer::from_json_bytes(&bytes, Some(&config)).map_err(|e| tok_err(path, e.to_string()))
+    if let Some(tok) =
+        Tokenizer::from_bpe_parts(doc.bpe_parts(), Some(&config)).map_err(|e| tok_err(path, e.to_string()))?
+    {
+        return Ok(tok);
+    }
+    json_route(&doc, &config, path)
+}
+
+/// The tokenizer of `doc` and `config` read back from their JSON text.
+fn json_route(doc: &TokenizerDoc, config: &[u8], path: &Path) -> Result<Tokenizer, GgufError> {
+    let bytes = serde_json::to_vec(doc).map_err(|e| tok_err(path, e.to_string()))?;
+    Tokenizer::from_json_bytes(&bytes, Some(config)).map_err(|e| tok_err(path, e.to_string()))
+}
+
+/// [`build_tokenizer`] by the JSON text only, for tests that compare the two routes.
+#[cfg(test)]
+pub fn build_tokenizer_via_json(vocab: &GgufVocab, path: &Path) -> Result<Tokenizer, GgufError> {
+    let doc = tokenizer_json(vocab, path)?;
+    let config = serde_json::to_vec(&tokenizer_config(vocab)).map_err(|e| tok_err(path, e.to_string()))?;
+    json_route(&doc, &config, path)
 }

@@ -1,6 +1,7 @@
 //! The `tokenizer.json` text a GGUF vocabulary is rebuilt as (see `tokenizer.rs`), written
 //! without building the large parts as a `serde_json` value.
 
+use kiln_text::tokenizer::BpeParts;
 use serde_json::{Map, Value as Json};
 
 /// A `tokenizer.json` whose BPE `vocab` and `merges` (150k entries each for Qwen) are written
@@ -57,6 +58,17 @@ impl serde::Serialize for VocabObject<'_, '_> {
 }
 
 impl<'v> TokenizerDoc<'v> {
+    /// The document as the parts the tokenizer is built from directly (see
+    /// `kiln_text::tokenizer::BpeParts`), the document itself kept for the JSON route.
+    pub fn bpe_parts(&self) -> BpeParts {
+        BpeParts::new(
+            self.rest.clone(),
+            self.model.clone(),
+            self.vocab.iter().copied(),
+            self.merges.iter().copied(),
+        )
+    }
+
     /// `rest` (every top-level key but `model`), the BPE `model`'s keys other than `vocab` and
     /// `merges`, and those two as lists.
     pub fn new(

@@ -30,8 +30,67 @@ pub fn from_bytes(json: &[u8]) -> Option<tokenizers::Tokenizer> {
     let FastModel::Bpe(bpe) = file.model? else {
         return None;
     };
-    let model = bpe.build()?;
-    let section = |name: &str| file.rest.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    assemble(bpe.build()?, &file.rest)
+}
+
+/// The tokenizer a BPE `tokenizer.json` with these parts describes, built without the JSON
+/// text: what [`from_bytes`] builds from that text. `None` where it would decline.
+pub fn from_parts(parts: BpeParts) -> Option<tokenizers::Tokenizer> {
+    let mut options = parts.options;
+    options.insert("type".into(), Value::String("BPE".into()));
+    let FastModel::Bpe(mut bpe) = serde_json::from_value(Value::Object(options)).ok()? else {
+        return None;
+    };
+    bpe.vocab = Some(parts.vocab);
+    bpe.merges = Some(parts.merges);
+    let rest: Vec<(String, Value)> = parts.rest.into_iter().collect();
+    assemble(bpe.build()?, &rest)
+}
+
+/// A BPE `tokenizer.json` in parts: every top-level key but `model`, the model's keys but
+/// `vocab` and `merges`, and those two. A front end that has the vocabulary as lists (a GGUF
+/// file) builds the tokenizer from them directly: written out as JSON and parsed back, a
+/// 151k-token vocabulary and its merges cost more than building the model itself.
+pub struct BpeParts {
+    rest: serde_json::Map<String, Value>,
+    options: serde_json::Map<String, Value>,
+    vocab: Vocab,
+    merges: Merges,
+}
+
+impl BpeParts {
+    /// The parts; a text repeated in `vocab` keeps its last id, as in a JSON object. The map
+    /// and the merge list are made on two threads (each is 150k owned strings for Qwen).
+    pub fn new<'a>(
+        rest: serde_json::Map<String, Value>,
+        options: serde_json::Map<String, Value>,
+        vocab: impl ExactSizeIterator<Item = (&'a str, u32)> + Send,
+        merges: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let (vocab, merges) = std::thread::scope(|s| {
+            let map = s.spawn(|| {
+                let mut map = Vocab::with_capacity(vocab.len());
+                for (text, id) in vocab {
+                    map.insert(text.to_string(), id);
+                }
+                map
+            });
+            let merges: Merges = merges.map(|(a, b)| (a.to_string(), b.to_string())).collect();
+            (map.join().expect("building a vocabulary map does not panic"), merges)
+        });
+        BpeParts {
+            rest,
+            options,
+            vocab,
+            merges,
+        }
+    }
+}
+
+/// The tokenizer of a BPE `model` and the other top-level sections of its file, assembled as
+/// the crate's deserializer does.
+fn assemble(model: BPE, rest: &[(String, Value)]) -> Option<tokenizers::Tokenizer> {
+    let section = |name: &str| rest.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     if let Some(v) = section("version")
         && v.as_str() != Some("1.0")
     {

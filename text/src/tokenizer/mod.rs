@@ -53,6 +53,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use fast::BpeParts;
 pub use stream::TextStreamer;
 
 use config::{TokenSpec, TokenizerConfig, generation_eos_ids};
@@ -137,6 +138,14 @@ impl fmt::Debug for Tokenizer {
 }
 
 /// Joins a multi-line library message into one line.
+/// The config's `tokenizer_class` without its `Fast` suffix.
+fn tokenizer_class(config: &TokenizerConfig) -> Option<&str> {
+    config
+        .tokenizer_class
+        .as_deref()
+        .map(|c| c.strip_suffix("Fast").unwrap_or(c))
+}
+
 fn one_line(message: impl fmt::Display) -> String {
     message.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -201,6 +210,28 @@ impl Tokenizer {
         Tokenizer::build("tokenizer.json", tokenizer_json, config, None, &[])
     }
 
+    /// The tokenizer of a BPE `tokenizer.json` given in parts (see [`BpeParts`]) and,
+    /// optionally, the bytes of a `tokenizer_config.json`: what [`Self::from_json_bytes`] gives
+    /// for the JSON text of those parts, built without that text. `Ok(None)` where the direct
+    /// route does not apply (a `LlamaTokenizer` class, whose file the reader rewrites, or parts
+    /// the fast reader declines); the caller then goes through the JSON text.
+    pub fn from_bpe_parts(
+        parts: BpeParts,
+        tokenizer_config_json: Option<&[u8]>,
+    ) -> Result<Option<Tokenizer>, TokenizerError> {
+        let config = tokenizer_config_json
+            .map(|bytes| TokenizerConfig::parse("tokenizer_config.json", bytes))
+            .transpose()?
+            .unwrap_or_default();
+        if tokenizer_class(&config) == Some("LlamaTokenizer") {
+            return Ok(None);
+        }
+        let Some(tok) = fast::from_parts(parts) else {
+            return Ok(None);
+        };
+        Tokenizer::finish("tokenizer.json", tok, config, None, &[]).map(Some)
+    }
+
     fn build(
         file: &str,
         json: &[u8],
@@ -209,14 +240,11 @@ impl Tokenizer {
         generation_eos: &[u32],
     ) -> Result<Tokenizer, TokenizerError> {
         let config = config.unwrap_or_default();
-        let class = config
-            .tokenizer_class
-            .as_deref()
-            .map(|c| c.strip_suffix("Fast").unwrap_or(c));
         // As AutoTokenizer: a "LlamaTokenizer" whose file is byte-level loads as is.
-        let llama_rebuild = class == Some("LlamaTokenizer") && !json.windows(11).any(|w| w == b"\"ByteLevel\"");
+        let llama_rebuild =
+            tokenizer_class(&config) == Some("LlamaTokenizer") && !json.windows(11).any(|w| w == b"\"ByteLevel\"");
 
-        let mut tok = if llama_rebuild {
+        let tok = if llama_rebuild {
             let mut value: Value = serde_json::from_slice(json).map_err(|e| TokenizerError::Json {
                 file: file.to_string(),
                 message: e.to_string(),
@@ -236,7 +264,18 @@ impl Tokenizer {
                 Ok(value) => load_error(file, &value, e),
             })?
         };
+        Tokenizer::finish(file, tok, config, template_file, generation_eos)
+    }
 
+    /// The Kiln tokenizer around the crate's `tok`, read from `file`: truncation and padding
+    /// off, the config's tokens added, its special ids and chat templates recorded.
+    fn finish(
+        file: &str,
+        mut tok: tokenizers::Tokenizer,
+        config: TokenizerConfig,
+        template_file: Option<String>,
+        generation_eos: &[u32],
+    ) -> Result<Tokenizer, TokenizerError> {
         tok.with_truncation(None).map_err(|e| TokenizerError::Invalid {
             file: file.to_string(),
             message: one_line(e),
@@ -379,6 +418,24 @@ impl Tokenizer {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, t)| t.as_str())
+    }
+
+    /// The underlying tokenizer written out as `tokenizer.json` text (vocabulary by id, merges
+    /// by rank, added tokens, every section), with the ids this wrapper derived: two ways of
+    /// building a tokenizer give the same one exactly when these agree.
+    pub fn fingerprint(&self) -> String {
+        let i = &self.inner;
+        let mut special: Vec<u32> = i.special_ids.iter().copied().collect();
+        special.sort_unstable();
+        format!(
+            "{}\nbos {:?} eos {:?} pad {:?} vocab {} special {special:?} template {:?}",
+            i.tok.to_string(false).unwrap_or_default(),
+            i.bos_token_id,
+            i.eos_token_ids,
+            i.pad_token_id,
+            i.vocab_size,
+            i.chat_template
+        )
     }
 
     /// `tokenizer_config.json`'s `tokenizer_class`, as written.
