@@ -30,16 +30,11 @@ pub(in crate::emit) fn decode_quant_rows(dtype: DType, lanes: usize) -> usize {
     if let Some(r) = exp_var("KILN_EXP_ROWS") {
         return r;
     }
-    match (dtype.block_elems(), lanes <= 8) {
-        (32, _) => 4,
-        _ if dtype == DType::Q5K => 2,
-        (_, narrow) => {
-            if narrow {
-                4
-            } else {
-                2
-            }
-        }
+    match dtype {
+        _ if dtype.block_elems() == 32 => 4,
+        DType::Q5K => 2,
+        _ if lanes <= 8 => 4,
+        _ => 2,
     }
 }
 
