@@ -333,32 +333,17 @@ impl<'c, 'a> MatMul<'c, 'a> {
     ) {
         let tile = decode_row_tile(cols, self.lanes).min(max_rows.next_power_of_two());
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
+            let tile = Tile {
+                col0,
+                ncols: cols,
+                end,
+                r0,
+                m,
+            };
             if dtype.is_quantized() {
-                self.quant_rows(
-                    b,
-                    w,
-                    dtype,
-                    Tile {
-                        col0,
-                        ncols: cols,
-                        end,
-                        r0,
-                        m,
-                    },
-                )
+                self.quant_rows(b, w, dtype, tile)
             } else {
-                self.float_rows(
-                    b,
-                    w,
-                    dtype,
-                    Tile {
-                        col0,
-                        ncols: cols,
-                        end,
-                        r0,
-                        m,
-                    },
-                )
+                self.float_rows(b, w, dtype, tile)
             }
         };
         if max_rows == 1 {
