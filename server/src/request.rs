@@ -130,44 +130,10 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
     // llama-server's and vLLM's extension: generate `max_tokens` whatever the model samples
     // (benchmarks need requests of a fixed length).
     let ignore_eos = fields.bool("ignore_eos")?.unwrap_or(false);
-    let enable_thinking = match fields.get("chat_template_kwargs") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(o)) => match o.get("enable_thinking") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "chat_template_kwargs.enable_thinking",
-                    "`chat_template_kwargs.enable_thinking` must be a boolean",
-                ));
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "chat_template_kwargs",
-                "`chat_template_kwargs` must be an object",
-            ));
-        }
-    };
-    let include_usage = match fields.get("stream_options") {
-        None => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "stream_options.include_usage",
-                    "`stream_options.include_usage` must be a boolean",
-                ));
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "stream_options",
-                "`stream_options` must be an object",
-            ));
-        }
-    };
+    // `null` kwargs mean none; a `null` stream_options is a wrong type, as before.
+    let kwargs = fields.get("chat_template_kwargs").filter(|v| !v.is_null());
+    let enable_thinking = nested_bool(kwargs, "chat_template_kwargs", "enable_thinking")?;
+    let include_usage = nested_bool(fields.get("stream_options"), "stream_options", "include_usage")?.unwrap_or(false);
     Ok(Parsed {
         model,
         request: GenRequest {
@@ -181,6 +147,23 @@ fn common(fields: &Fields<'_>, prompt: Prompt, max_tokens: Option<u32>) -> Resul
         stream,
         include_usage,
     })
+}
+
+/// The boolean `outer.inner` of a request: absent or `null` is `None`; `outer` must be an
+/// object and `inner` a boolean, else a 400 naming the field.
+fn nested_bool(outer_value: Option<&Value>, outer: &str, inner: &str) -> Result<Option<bool>, ApiError> {
+    match outer_value {
+        None => Ok(None),
+        Some(Value::Object(o)) => match o.get(inner) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::invalid(
+                format!("{outer}.{inner}"),
+                format!("`{outer}.{inner}` must be a boolean"),
+            )),
+        },
+        Some(_) => Err(ApiError::invalid(outer, format!("`{outer}` must be an object"))),
+    }
 }
 
 /// Reads `messages[i]`, normalising the role and flattening the content.
