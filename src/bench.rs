@@ -6,7 +6,7 @@ use crate::output::{errln, outln};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
 use anyhow::{Result, bail};
 use kiln_core::HostCpu;
-use kiln_engine::probe::{ReadProbe, load_average};
+use kiln_engine::probe::{ReadProbe, load_average, peak_rss_bytes};
 use kiln_text::sampler::argmax;
 use serde_json::json;
 use std::path::PathBuf;
@@ -27,6 +27,8 @@ pub struct BenchArgs {
     pub no_probe: bool,
     /// Also measure decode of this many sequences batched together (`kiln serve`'s steps).
     pub batch: usize,
+    /// KV-cache capacity in tokens (default: as `kiln run`).
+    pub ctx: Option<usize>,
 }
 
 /// Read-probe passes after each repetition; the best of them is that repetition's ceiling.
@@ -59,6 +61,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         progress: !args.json,
         page_in: true,
         slots: args.batch.max(1),
+        ctx: args.ctx,
         ..args.build.open_options()
     };
     let prepared = PreparedModel::open(&args.model, &opts)?;
@@ -101,6 +104,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    // Bytes read from disk per decoded token, under --ram-budget (measured, per repetition).
+    let mut streamed = Vec::new();
     // The first repetition warms the page cache and the CPU caches and is not counted.
     for rep in 0..=args.reps {
         let engine = &mut session.engine;
@@ -109,10 +114,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         let mut next = argmax(engine.prefill(&prompt)?) as u32;
         let prefill_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
+        let read_before = engine.streamed_bytes();
         for _ in 0..args.gen_tokens {
             next = argmax(engine.decode(next)?) as u32;
         }
         let decode_s = t.elapsed().as_secs_f64();
+        let streamed_per_token = (engine.streamed_bytes() - read_before) as f64 / args.gen_tokens as f64;
         let (p, d) = (args.prompt_tokens as f64 / prefill_s, args.gen_tokens as f64 / decode_s);
         let ceiling = read_probe
             .as_ref()
@@ -123,6 +130,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             decode.push(d);
             ceilings.extend(ceiling);
             shares.extend(share);
+            streamed.push(streamed_per_token);
         }
         if !args.json {
             let label = if rep == 0 {
@@ -160,6 +168,20 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let fma_ceiling = probe.as_ref().and_then(|p| p.fma_at(threads));
     let load_after = load_average();
     write_profile(&session)?;
+    let budget = session.engine.budget_plan().map(|p| {
+        json!({
+            "ram_budget_bytes": args.build.ram_budget,
+            "planned_peak_bytes": p.peak_bytes,
+            "planned_streamed_bytes_per_token": p.streamed_per_token,
+            "stream_buffers": p.buffers,
+            "resident_layers": p.layers.iter().filter(|&&l| l == kiln_core::budget::Placement::Resident).count(),
+            "head_streamed": p.head == kiln_core::budget::Placement::Streamed,
+            "embedding_gathered": p.embed == kiln_core::budget::Placement::Streamed,
+        })
+    });
+    let streamed_per_token = (!streamed.is_empty()).then(|| median(&mut streamed.clone()));
+    let peak_rss = peak_rss_bytes();
+    let weight_bytes: u64 = spec.weights.iter().map(|w| w.bytes() as u64).sum();
 
     let report = json!({
         "model": session.dir.display().to_string(),
@@ -191,6 +213,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "load_average": [load_before, load_after],
         "batch": args.batch.max(1),
         "batch_decode_tok_s": batch,
+        "ram_budget_bytes": args.build.ram_budget,
+        "budget_plan": budget,
+        "streamed_bytes_per_token": streamed_per_token,
+        "peak_rss_bytes": peak_rss,
+        "weight_bytes": weight_bytes,
     });
     if args.json {
         outln!("{report}")?;
@@ -223,6 +250,15 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             "decode   {b:>8.2} tok/s  with {} sequences batched ({:.2}x one sequence)",
             args.batch,
             b / decode_tok_s
+        )?;
+    }
+    if let (Some(budget), Some(read)) = (args.build.ram_budget, streamed_per_token) {
+        outln!(
+            "budget   {} : {} read from disk per token ({:.2} GB/s), peak RSS {}",
+            human_bytes(budget),
+            human_bytes(read as u64),
+            read * decode_tok_s / 1e9,
+            peak_rss.map_or("?".to_string(), human_bytes)
         )?;
     }
     if probe.is_none() {

@@ -334,15 +334,16 @@ impl TextSink {
     }
 }
 
-pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
+pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool) -> Result<()> {
     let opts = OpenOptions {
         progress: !as_json,
+        ctx,
         ..build.open_options()
     };
     let loaded = PreparedModel::open(path, &opts)?;
     let spec = &loaded.spec;
     let host = HostCpu::detect();
-    let options = opts.compile_options(&host)?;
+    let options = opts.compile_options(&host, spec)?;
     let key = cache_key(spec, &options, &host);
     let cache = Cache::at(Cache::default_root()?);
     let state = match cache.lookup(&key)? {
@@ -352,6 +353,14 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
     };
     let kernels = kiln_compiler::kernel_list(spec, &options).len();
     let dtypes: std::collections::BTreeSet<String> = spec.weights.iter().map(|w| w.dtype.to_string()).collect();
+    let budget = match (opts.budget_plan(spec)?, opts.ram_budget) {
+        (Some(plan), Some(bytes)) => {
+            let ctx = loaded.ctx(&opts)?;
+            let kv = kiln_core::budget::Footprint::of(spec, options.prefill_rows, ctx, 1).kv;
+            Some((plan, bytes, kv, ctx))
+        }
+        _ => None,
+    };
     if as_json {
         outln!(
             "{}",
@@ -367,6 +376,7 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
                 "kernels": kernels,
                 "cache_key": key.to_string(),
                 "cache_state": state,
+                "budget_plan": budget.as_ref().map(|(p, b, kv, _)| crate::budget::to_json(p, *b, *kv)),
             })
         )?;
         return Ok(());
@@ -422,6 +432,11 @@ pub fn info(path: &Path, build: &BuildChoices, as_json: bool) -> Result<()> {
     )?;
     outln!("cache key    {key}")?;
     outln!("cache        {state}")?;
+    if let Some((plan, bytes, kv, ctx)) = &budget {
+        for line in crate::budget::describe(plan, spec, *bytes, *kv, *ctx) {
+            outln!("{line}")?;
+        }
+    }
     Ok(())
 }
 

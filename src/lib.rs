@@ -6,6 +6,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod bench;
+pub mod budget;
 pub mod chat;
 pub mod commands;
 pub mod interrupt;

@@ -174,6 +174,9 @@ enum Command {
         model: PathBuf,
         #[command(flatten)]
         build: BuildArgs,
+        /// KV-cache capacity in tokens, for the --ram-budget plan (default: as `run`).
+        #[arg(long)]
+        ctx: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -200,6 +203,9 @@ enum Command {
         /// Also measure decode of N sequences batched together, as `kiln serve` steps them.
         #[arg(long, default_value_t = 1, value_name = "N")]
         batch: usize,
+        /// KV-cache capacity in tokens (default: as `run`).
+        #[arg(long)]
+        ctx: Option<usize>,
     },
     /// Print the residual stream after every layer for a prompt (for numerical comparisons
     /// against a reference, see scripts/compare_layers.py).
@@ -297,6 +303,10 @@ struct BuildArgs {
     /// machine build, inspect and measure the code an AVX2 machine gets.
     #[arg(long, value_name = "LEVEL")]
     target_cpu: Option<String>,
+    /// Keep the weights and the KV cache within SIZE bytes (512M, 2G, ...): layers that do not
+    /// fit are read from disk each time they are used. Output is identical at any budget.
+    #[arg(long, value_name = "SIZE", value_parser = kiln_core::budget::parse_size)]
+    ram_budget: Option<u64>,
 }
 
 impl BuildArgs {
@@ -307,6 +317,7 @@ impl BuildArgs {
             prefill_block: self.prefill_block,
             dequantize: self.dequantize,
             target_cpu: self.target_cpu,
+            ram_budget: self.ram_budget,
         }
         .checked(self.threads_oversubscribe)
     }
@@ -593,7 +604,12 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 decode_delay_ms: debug_decode_delay_ms,
             })
         }
-        Command::Info { model, build, json } => done(commands::info(&model, &build.choices()?, json)),
+        Command::Info {
+            model,
+            build,
+            ctx,
+            json,
+        } => done(commands::info(&model, &build.choices()?, positive_ctx(ctx)?, json)),
         Command::Probe { passes, json } => done(commands::probe(passes, json)),
         Command::Debug {
             model,
@@ -620,6 +636,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             print_prompt,
             no_probe,
             batch,
+            ctx,
         } => done(kiln::bench::bench(&kiln::bench::BenchArgs {
             model,
             prompt_tokens,
@@ -630,6 +647,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             print_prompt,
             no_probe,
             batch,
+            ctx: positive_ctx(ctx)?,
         })),
         Command::Cache {
             action: CacheAction::List { json },

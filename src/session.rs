@@ -48,6 +48,8 @@ pub struct OpenOptions {
     pub page_in: bool,
     /// Sequences with their own KV cache (`kiln serve --parallel`); 0 means 1.
     pub slots: usize,
+    /// `--ram-budget`: bytes the weights and the KV cache may hold (`kiln_core::budget`).
+    pub ram_budget: Option<u64>,
 }
 
 /// What every command that opens a model takes from the command line (`--threads`,
@@ -58,6 +60,7 @@ pub struct BuildChoices {
     pub prefill_block: Option<usize>,
     pub dequantize: Option<kiln_core::DType>,
     pub target_cpu: Option<String>,
+    pub ram_budget: Option<u64>,
 }
 
 impl BuildChoices {
@@ -68,6 +71,11 @@ impl BuildChoices {
     pub fn checked(mut self, oversubscribe: bool) -> Result<BuildChoices> {
         at_least_one("--threads", self.threads)?;
         at_least_one("--prefill-block", self.prefill_block)?;
+        if self.ram_budget.is_some() && self.dequantize.is_some() {
+            anyhow::bail!(
+                "--ram-budget cannot be combined with --dequantize: converted weights are held in memory, not streamed"
+            );
+        }
         let cpus = kiln_engine::pool::available_cpus();
         if let Some(n) = self.threads
             && n > cpus
@@ -89,6 +97,7 @@ impl BuildChoices {
             prefill_rows: self.prefill_block,
             dequantize: self.dequantize,
             target_cpu: self.target_cpu.clone(),
+            ram_budget: self.ram_budget,
             ..OpenOptions::default()
         }
     }
@@ -125,6 +134,7 @@ fn engine_config(opts: &OpenOptions) -> EngineConfig {
         threads: opts.threads,
         ctx: opts.ctx,
         slots: opts.slots.max(1),
+        ram_budget: opts.ram_budget,
         ..EngineConfig::default()
     }
 }
@@ -139,9 +149,28 @@ pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOp
 }
 
 impl OpenOptions {
-    /// The compile options these options ask for on `host`.
-    pub fn compile_options(&self, host: &HostCpu) -> Result<CompileOptions> {
+    /// The `--ram-budget` plan for `spec` (none without a budget); an error when the budget is
+    /// too small for the model and context.
+    pub fn budget_plan(&self, spec: &ModelSpec) -> Result<Option<kiln_core::budget::BudgetPlan>> {
+        let Some(budget) = self.ram_budget else {
+            return Ok(None);
+        };
+        use kiln_core::budget::{Footprint, plan};
+        let ctx = engine_config(self).resolved_ctx(spec)?;
+        let rows = self.prefill_rows.unwrap_or(CompileOptions::DEFAULT_PREFILL_ROWS).max(1);
+        Ok(Some(plan(&Footprint::of(spec, rows, ctx, self.slots.max(1)), budget)?))
+    }
+
+    /// The compile options these options ask for on `host` for `spec` (a budget that streams
+    /// the output head adds its chunk kernels).
+    pub fn compile_options(&self, host: &HostCpu, spec: &ModelSpec) -> Result<CompileOptions> {
         let mut options = compile_options(host, self.prefill_rows);
+        if self
+            .budget_plan(spec)?
+            .is_some_and(|p| p.head == kiln_core::budget::Placement::Streamed)
+        {
+            options.head_chunk_rows = kiln_core::budget::head_chunk_rows(spec);
+        }
         if let Some(lanes) = self.max_f32_lanes {
             options.f32_lanes = options.f32_lanes.min(lanes.clamp(4, 16).next_power_of_two());
         }
@@ -183,7 +212,7 @@ pub fn ensure_compiled(
     cache: &Cache,
     opts: &OpenOptions,
 ) -> Result<CompiledLibrary> {
-    let options = opts.compile_options(host)?;
+    let options = opts.compile_options(host, spec)?;
     let request = LibraryRequest {
         key: cache_key(spec, &options, host),
         kernels: kiln_compiler::model_kernels(spec, &options)?,
@@ -383,11 +412,12 @@ impl PreparedModel {
             &path,
             &LoadOptions {
                 dequantize: opts.dequantize,
-                page_in: opts.page_in,
+                // Under a budget, weights are paged in only as the plan reads them.
+                page_in: opts.page_in && opts.ram_budget.is_none(),
             },
         )?;
         let mut weights = m.weights;
-        if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") {
+        if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") && opts.ram_budget.is_none() {
             let resident = kiln_engine::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref())
                 .map_err(anyhow::Error::msg)?;
             weights = Arc::new(resident);
@@ -428,7 +458,7 @@ impl PreparedModel {
         // Reject a bad --ctx before paying for a compile.
         engine_config.resolved_ctx(&spec)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
-        let options = opts.compile_options(&host)?;
+        let options = opts.compile_options(&host, &spec)?;
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
             Err(EngineError::Library(
                 e @ (LibraryError::Open { .. } | LibraryError::MissingSymbol { .. } | LibraryError::AbiMismatch { .. }),

@@ -104,7 +104,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CompileError + '_ {
 
 /// The kernels a library for `spec` exports, in emission order.
 pub fn kernel_list(spec: &ModelSpec, options: &CompileOptions) -> Vec<Kernel> {
-    graph::kernel_set(spec, options.prefill_rows)
+    graph::kernel_set(spec, options)
 }
 
 /// The kernels for `spec`, or an error naming a weight whose storage type has no kernel.

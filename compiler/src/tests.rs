@@ -229,6 +229,7 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
             prefill_rows: ROWS,
             f32_lanes: HostCpu::detect().f32_lanes(),
             target_cpu: None,
+            head_chunk_rows: None,
         };
         let kernels = kernel_list(&spec, &options);
         Compiled {
@@ -680,6 +681,7 @@ fn matmul_work_split_under_concurrency() {
         prefill_rows: ROWS,
         f32_lanes: lanes,
         target_cpu: None,
+        head_chunk_rows: None,
     };
     let lib = TestLib::build(&kernels, &options, None);
     let mut rng = Rng(0x5eed);

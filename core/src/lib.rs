@@ -7,6 +7,7 @@
 
 pub mod abi;
 pub mod arch;
+pub mod budget;
 pub mod dequant;
 pub mod dtype;
 pub mod files;
@@ -38,6 +39,10 @@ pub struct CompileOptions {
     /// Absent from the serialised options (and so from the cache key) when not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_cpu: Option<String>,
+    /// Also compile the output head in chunks of this many rows ([`graph::chunked_head_graph`]),
+    /// for a `--ram-budget` that streams the head. Absent (and out of the cache key) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_chunk_rows: Option<usize>,
 }
 
 impl CompileOptions {
@@ -50,6 +55,7 @@ impl CompileOptions {
             prefill_rows: Self::DEFAULT_PREFILL_ROWS,
             f32_lanes: cpu.f32_lanes(),
             target_cpu: None,
+            head_chunk_rows: None,
         }
     }
 }

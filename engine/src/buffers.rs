@@ -110,6 +110,10 @@ impl AlignedBuf {
     pub fn bytes(&self) -> usize {
         self.layout.size()
     }
+    /// Whether the buffer is an anonymous mapping of its own (not part of the heap).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
     /// The contents as f32 values (the first `len` of them).
     pub fn f32s(&self, len: usize) -> &[f32] {
         assert!(len * 4 <= self.layout.size());

@@ -8,6 +8,8 @@ use crate::plan::{Plan, Resolved};
 use crate::pool::{Pool, physical_cores};
 
 mod step;
+mod streaming;
+use kiln_core::budget;
 use kiln_core::graph::{self, Arg, RowInfo};
 use kiln_core::{BufId, CompileOptions, ModelSpec, WeightId};
 use std::path::Path;
@@ -18,6 +20,22 @@ pub use step::StepPart;
 /// as long as the source lives; the engine keeps the source alive.
 pub trait WeightSource: Send + Sync {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String>;
+
+    /// Copies `dst.len()` bytes of weight `id`, from byte `offset` of the bytes the kernels
+    /// read (those [`WeightSource::weight_ptr`] points at), into `dst`: how `--ram-budget`
+    /// streams a weight it does not keep resident. A source backed by files reads them with
+    /// `pread`, never through a mapping (so no mapped page of the weight becomes resident),
+    /// and drops what it read from the page cache, so streamed weights hold no memory once
+    /// used; it must not call `weight_ptr`'s lazy copies into being either. The default copies
+    /// from `weight_ptr`, for sources that hold their weights in memory anyway.
+    fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        let src = self.weight_ptr(id)?;
+        // SAFETY: the caller asks for a range inside the tensor (the engine derives it from
+        // the spec's shape, which the source checked its tensor against), so `src + offset`
+        // holds `dst.len()` readable bytes; `dst` is a distinct, writable slice.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
 }
 
 /// Run-time choices that do not change the compiled code.
@@ -34,6 +52,8 @@ pub struct EngineConfig {
     pub pin: bool,
     /// Record per-node times (`KILN_PROFILE=1`).
     pub profile: bool,
+    /// `--ram-budget`: bytes the weights and the KV cache may hold (see `kiln_core::budget`).
+    pub ram_budget: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +64,7 @@ impl Default for EngineConfig {
             slots: 1,
             pin: true,
             profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1"),
+            ram_budget: None,
         }
     }
 }
@@ -86,6 +107,10 @@ pub enum EngineError {
     DuplicateSlot { slot: usize },
     #[error("a step of {rows} rows exceeds the prefill block of {max} rows")]
     StepTooLarge { rows: usize, max: usize },
+    #[error(transparent)]
+    Budget(#[from] budget::TooSmall),
+    #[error("reading streamed weights failed: {0}")]
+    Stream(String),
 }
 
 /// Plans of one regime: the layer blocks and the output head.
@@ -124,8 +149,9 @@ pub struct Engine {
     std: Standard,
     prefill: Plans,
     decode: Plans,
-    /// The head on every row of a decode step: the logits of a batched step.
-    batch_head: Plan,
+    /// The head on every row of a decode step: the logits of a batched step (none when the
+    /// head streams in chunks: rows then go through the one-row head one by one).
+    batch_head: Option<Plan>,
     /// The logits of a batched step of more than `DECODE_ROWS` sequences, gathered step by step.
     batch_logits: Vec<f32>,
     /// Block buffers the head reads (rows gathered to the front for the batched head).
@@ -133,6 +159,8 @@ pub struct Engine {
     bufs: Buffers,
     /// Tokens in each slot's KV cache.
     positions: Vec<usize>,
+    /// Under `--ram-budget`: the plan, and where streamed weights come from.
+    streaming: Option<streaming::Streaming>,
     // Dropped after the plans that point into them.
     weights: Arc<dyn WeightSource>,
     library: KernelLibrary,
@@ -157,7 +185,7 @@ impl Engine {
                 max: max_slots,
             });
         }
-        let kernels = graph::kernel_set(spec, block_rows);
+        let kernels = graph::kernel_set(spec, options);
         let library = KernelLibrary::open(library, &kernels)?;
         let bufs = Buffers::new(spec, block_rows, ctx, config.slots);
         let cores = physical_cores();
@@ -167,8 +195,29 @@ impl Engine {
             (config.pin && threads <= cores.len()).then(|| &cores[..threads]),
         );
 
-        let build = |g: &graph::Graph| build_plan(spec, g, &library, &bufs, weights.as_ref(), config.profile);
-        let head = graph::head_graph(spec);
+        let streaming = match config.ram_budget {
+            Some(b) => {
+                let plan = budget::plan(&budget::Footprint::of(spec, block_rows, ctx, config.slots), b)?;
+                Some(streaming::Streaming::new(spec, options, plan, &weights)?)
+            }
+            None => None,
+        };
+        let head_streamed = streaming.as_ref().is_some_and(|s| s.head_streamed());
+        let build = |g: &graph::Graph| {
+            build_plan(
+                spec,
+                g,
+                &library,
+                &bufs,
+                weights.as_ref(),
+                streaming.as_ref(),
+                config.profile,
+            )
+        };
+        let head = match (head_streamed, options.head_chunk_rows) {
+            (true, Some(rows)) => graph::chunked_head_graph(spec, rows),
+            _ => graph::head_graph(spec),
+        };
         let prefill = Plans {
             block: build(&graph::block_graph(spec, block_rows))?,
             head: build(&head)?,
@@ -178,7 +227,11 @@ impl Engine {
             head: build(&head)?,
         };
         let batch_head_graph = graph::batch_head_graph(spec);
-        let batch_head = build(&batch_head_graph)?;
+        let batch_head = if head_streamed {
+            None
+        } else {
+            Some(build(&batch_head_graph)?)
+        };
         let head_inputs = read_before_written(spec, &batch_head_graph);
         Ok(Engine {
             spec: spec.clone(),
@@ -191,6 +244,7 @@ impl Engine {
             head_inputs,
             bufs,
             positions: vec![0; config.slots],
+            streaming,
             weights,
             library,
         })
@@ -212,7 +266,18 @@ impl Engine {
         }
         let mut plans = parts
             .iter()
-            .map(|g| build_plan(&self.spec, g, &self.library, &self.bufs, self.weights.as_ref(), false))
+            .map(|g| {
+                let streaming = self.streaming.as_ref();
+                build_plan(
+                    &self.spec,
+                    g,
+                    &self.library,
+                    &self.bufs,
+                    self.weights.as_ref(),
+                    streaming,
+                    false,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.spec.dims.hidden_size;
         let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(tokens.len()); plans.len()];
@@ -221,15 +286,18 @@ impl Engine {
             let pos = self.positions[0];
             self.load_tokens(chunk);
             self.load_rows(0, pos, chunk.len(), seq_end);
+            self.gather_rows(chunk)?;
             for (plan, residuals) in plans.iter_mut().zip(out.iter_mut()) {
                 plan.run(&self.pool, chunk.len(), pos, chunk.len());
                 let x = self.bufs.get(self.std.residual).f32s(chunk.len() * hidden);
                 residuals.extend(x.chunks(hidden).map(|r| r.to_vec()));
             }
+            self.release_rows();
+            self.stream_error()?;
             self.positions[0] += chunk.len();
         }
         let last_rows = (tokens.len() - 1) % block + 1;
-        self.prefill.head.run(&self.pool, 1, self.positions[0] - 1, last_rows);
+        self.run_head(false, self.positions[0] - 1, last_rows)?;
         Ok(out)
     }
 
@@ -318,19 +386,18 @@ impl Engine {
     fn prefill_part(&mut self, slot: usize, tokens: &[u32], seq_end: usize, logits: bool) -> Result<(), EngineError> {
         self.check(slot, tokens)?;
         let block = self.bufs.block_rows;
-        for chunk in tokens.chunks(block) {
+        let blocks = tokens.len().div_ceil(block);
+        for (i, chunk) in tokens.chunks(block).enumerate() {
             let pos = self.positions[slot];
             self.load_tokens(chunk);
             self.load_rows(slot, pos, chunk.len(), seq_end.max(pos + chunk.len()));
-            self.prefill.block.run(&self.pool, chunk.len(), pos, chunk.len());
+            self.run_block(false, chunk, pos, logits && i + 1 == blocks)?;
             self.positions[slot] += chunk.len();
         }
         if logits {
             // The head reads the last row of the last block.
             let last_rows = (tokens.len() - 1) % block + 1;
-            self.prefill
-                .head
-                .run(&self.pool, 1, self.positions[slot] - 1, last_rows);
+            self.run_head(false, self.positions[slot] - 1, last_rows)?;
         }
         Ok(())
     }
@@ -377,16 +444,25 @@ impl Engine {
     pub fn profile(&self) -> Vec<PlanProfile> {
         let block = self.bufs.block_rows;
         let head = graph::head_graph(&self.spec);
-        let plans: [(&str, &Plan, graph::Graph); 5] = [
-            ("prefill", &self.prefill.block, graph::block_graph(&self.spec, block)),
-            ("prefill_head", &self.prefill.head, head.clone()),
-            ("decode", &self.decode.block, graph::decode_graph(&self.spec)),
-            ("decode_head", &self.decode.head, head),
-            ("batch_head", &self.batch_head, graph::batch_head_graph(&self.spec)),
+        let plans: [(&str, Option<&Plan>, graph::Graph); 5] = [
+            (
+                "prefill",
+                Some(&self.prefill.block),
+                graph::block_graph(&self.spec, block),
+            ),
+            ("prefill_head", Some(&self.prefill.head), head.clone()),
+            ("decode", Some(&self.decode.block), graph::decode_graph(&self.spec)),
+            ("decode_head", Some(&self.decode.head), head),
+            (
+                "batch_head",
+                self.batch_head.as_ref(),
+                graph::batch_head_graph(&self.spec),
+            ),
         ];
         plans
             .into_iter()
             .filter_map(|(name, plan, graph)| {
+                let plan = plan?;
                 let t = plan.times()?;
                 Some(PlanProfile {
                     name,
@@ -411,7 +487,7 @@ fn read_before_written(spec: &ModelSpec, graph: &graph::Graph) -> Vec<BufId> {
             .written_args()
             .iter()
             .filter_map(|&i| match step.args[i] {
-                Arg::Buf(b) | Arg::LastRow(b) => Some(b),
+                Arg::Buf(b) | Arg::LastRow(b) | Arg::BufAt(b, _) => Some(b),
                 Arg::Weight(_) => None,
             })
             .collect();
@@ -437,15 +513,25 @@ fn build_plan(
     library: &KernelLibrary,
     bufs: &Buffers,
     weights: &dyn WeightSource,
+    streaming: Option<&streaming::Streaming>,
     profile: bool,
 ) -> Result<Plan, EngineError> {
-    let resolve = |arg: &Arg| -> Result<Resolved, String> {
+    let resolve = |kernel: &kiln_core::Kernel, arg: &Arg| -> Result<Resolved, String> {
         match *arg {
             Arg::Buf(b) | Arg::LastRow(b) => Ok(Resolved::Buffer {
                 base: bufs.get(b).as_ptr(),
                 row_bytes: bufs.row_bytes(b),
             }),
+            // `wrapping_add` keeps the arithmetic defined; `elem` lies within the buffer's
+            // first row (the chunked head's chunks cover the logits row).
+            Arg::BufAt(b, elem) => Ok(Resolved::Buffer {
+                base: bufs.get(b).as_ptr().wrapping_add(elem * 4),
+                row_bytes: bufs.row_bytes(b),
+            }),
             Arg::Weight(w) => {
+                if let Some(r) = streaming.map(|s| s.resolve(spec, kernel, w)).transpose()?.flatten() {
+                    return Ok(r);
+                }
                 let row_bytes = spec.weight(w.id).row_bytes();
                 // `wrapping_add` keeps the arithmetic defined; the view lies inside the tensor
                 // (checked by `ModelSpec::validate`), which the source holds in full.
@@ -455,7 +541,8 @@ fn build_plan(
             }
         }
     };
-    Plan::build(graph, library, resolve, profile).map_err(EngineError::Plan)
+    let stream = streaming.and_then(|s| s.streamer.clone());
+    Plan::build(graph, library, resolve, profile, stream).map_err(EngineError::Plan)
 }
 
 /// Accumulated per-node times of one plan.

@@ -10,5 +10,6 @@ pub mod plan;
 pub mod pool;
 pub mod probe;
 pub mod resident;
+pub mod stream;
 
 pub use engine::{Engine, EngineConfig, EngineError, WeightSource};

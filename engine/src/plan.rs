@@ -5,10 +5,12 @@
 use crate::buffers::AlignedBuf;
 use crate::library::KernelLibrary;
 use crate::pool::Pool;
+use crate::stream::Streamer;
 use kiln_core::Kernel;
 use kiln_core::abi::{KernelFn, PTR_ARGS, WORK_COUNTER_ARG, WORK_COUNTER_BYTES, invoke};
 use kiln_core::graph::{Arg, Graph};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// A pointer argument, resolved at plan build time except for its row offset.
@@ -21,15 +23,22 @@ enum Slot {
         base: *mut u8,
         row_bytes: usize,
     },
+    /// `offset` bytes into the stream buffer of a streamed unit (its address changes as units
+    /// move through the buffers; `bases[unit]` holds it while the unit is current).
+    Streamed {
+        unit: usize,
+        offset: usize,
+    },
 }
 
 impl Slot {
-    fn at(self, rows: usize) -> *mut u8 {
+    fn at(self, rows: usize, bases: &[AtomicUsize]) -> *mut u8 {
         match self {
             Slot::Null => std::ptr::null_mut(),
             Slot::Fixed(p) => p,
             // `wrapping_add` keeps this free of UB even for rows = 0, which `run` never passes.
             Slot::LastRow { base, row_bytes } => base.wrapping_add(rows.saturating_sub(1) * row_bytes),
+            Slot::Streamed { unit, offset } => (bases[unit].load(Ordering::Relaxed) + offset) as *mut u8,
         }
     }
 }
@@ -38,6 +47,9 @@ struct Node {
     f: KernelFn,
     args: [Slot; PTR_ARGS],
     barrier_before: bool,
+    /// The streamed unit this node is the first (in this plan) to read: thread 0 makes it
+    /// current between two barriers before the node runs.
+    enter: Option<usize>,
     /// Kept for profiles (bytes moved and flops per call).
     kernel: Kernel,
 }
@@ -117,6 +129,8 @@ pub struct Plan {
     times: Option<NodeTimes>,
     /// One work counter per node (the ABI's `a7`), zeroed before every run.
     counters: AlignedBuf,
+    /// Where streamed weights come from, when some of this plan's are.
+    stream: Option<Arc<Streamer>>,
 }
 
 // SAFETY: the raw pointers in a plan point into buffers and weights owned by the engine that
@@ -128,18 +142,29 @@ unsafe impl Sync for Plan {}
 /// Where a graph argument lives: a buffer (with the byte length of one of its rows) or a
 /// weight (already offset to the first row the argument reads).
 pub enum Resolved {
-    Buffer { base: *mut u8, row_bytes: usize },
+    Buffer {
+        base: *mut u8,
+        row_bytes: usize,
+    },
     Weight(*const u8),
+    /// A streamed weight: `offset` bytes into its unit's buffer.
+    Streamed {
+        unit: usize,
+        offset: usize,
+    },
 }
 
 impl Plan {
-    /// Binds `graph` against `library`, resolving each argument with `resolve`.
+    /// Binds `graph` against `library`, resolving each argument with `resolve`; `stream`
+    /// serves the arguments resolved as [`Resolved::Streamed`].
     pub fn build(
         graph: &Graph,
         library: &KernelLibrary,
-        mut resolve: impl FnMut(&Arg) -> Result<Resolved, String>,
+        mut resolve: impl FnMut(&Kernel, &Arg) -> Result<Resolved, String>,
         profile: bool,
+        stream: Option<Arc<Streamer>>,
     ) -> Result<Plan, String> {
+        let mut last_unit = None;
         let mut nodes = Vec::with_capacity(graph.steps.len());
         let counters = AlignedBuf::zeroed(graph.steps.len().max(1) * WORK_COUNTER_BYTES);
         for (i, step) in graph.steps.iter().enumerate() {
@@ -151,13 +176,29 @@ impl Plan {
                 )
             })?;
             let mut args = [Slot::Null; PTR_ARGS];
+            let mut unit = None;
             for (slot, arg) in args.iter_mut().zip(&step.args) {
-                *slot = match (arg, resolve(arg)?) {
+                *slot = match (arg, resolve(&step.kernel, arg)?) {
                     (Arg::LastRow(_), Resolved::Buffer { base, row_bytes }) => Slot::LastRow { base, row_bytes },
                     (_, Resolved::Buffer { base, .. }) => Slot::Fixed(base),
                     (_, Resolved::Weight(p)) => Slot::Fixed(p as *mut u8),
+                    (_, Resolved::Streamed { unit: u, offset }) => {
+                        if unit.is_some_and(|v| v != u) {
+                            return Err(format!("{} reads two streamed units", step.kernel.symbol()));
+                        }
+                        unit = Some(u);
+                        Slot::Streamed { unit: u, offset }
+                    }
                 };
             }
+            if unit.is_some() && stream.is_none() {
+                return Err(format!(
+                    "{} reads a streamed weight but no streamer serves it",
+                    step.kernel.symbol()
+                ));
+            }
+            let enter = unit.filter(|&u| last_unit != Some(u));
+            last_unit = unit.or(last_unit);
             if step.args.len() > WORK_COUNTER_ARG {
                 return Err(format!(
                     "{} takes more buffers than the ABI has slots",
@@ -170,11 +211,17 @@ impl Plan {
                 f,
                 args,
                 barrier_before: step.barrier_before,
+                enter,
                 kernel: step.kernel.clone(),
             });
         }
         let times = profile.then(|| NodeTimes::new(nodes.len()));
-        Ok(Plan { nodes, times, counters })
+        Ok(Plan {
+            nodes,
+            times,
+            counters,
+            stream,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -201,21 +248,34 @@ impl Plan {
         let this = &*self;
         let nth = pool.threads() as i64;
         let rows_i = rows as i64;
+        let no_bases: [AtomicUsize; 0] = [];
+        let bases = this.stream.as_ref().map_or(&no_bases[..], |s| s.bases());
         pool.run(&|tid, barrier| {
             let timed = tid == 0 && this.times.is_some();
             let mut last = if timed { Some(Instant::now()) } else { None };
             let mut waited = 0u64;
             let mut barriers = 0u64;
+            let mut wait = || {
+                if this.times.is_some() {
+                    let t = Instant::now();
+                    barrier.wait();
+                    waited += t.elapsed().as_nanos() as u64;
+                    barriers += 1;
+                } else {
+                    barrier.wait();
+                }
+            };
             for (i, node) in this.nodes.iter().enumerate() {
-                if node.barrier_before {
-                    if this.times.is_some() {
-                        let t = Instant::now();
-                        barrier.wait();
-                        waited += t.elapsed().as_nanos() as u64;
-                        barriers += 1;
-                    } else {
-                        barrier.wait();
+                if let (Some(unit), Some(stream)) = (node.enter, &this.stream) {
+                    // Every thread is done with the previous unit before its buffer is
+                    // reused, and the new one is in place before anyone reads it.
+                    wait();
+                    if tid == 0 {
+                        stream.enter(unit);
                     }
+                    wait();
+                } else if node.barrier_before {
+                    wait();
                 }
                 if let Some(t) = last.as_mut() {
                     // Time since the previous node started: its own work plus the wait for
@@ -226,7 +286,7 @@ impl Plan {
                     }
                     *t = now;
                 }
-                let a = node.args.map(|s| s.at(src_rows));
+                let a = node.args.map(|s| s.at(src_rows, bases));
                 // SAFETY: `f` has the ABI signature; the pointers were resolved for buffers and
                 // weights sized for this plan's kernels, and `rows` and the rows' positions and
                 // slots were checked by the engine against those sizes.

@@ -97,6 +97,14 @@ pub fn load_average() -> Option<f64> {
         .ok()
 }
 
+/// This process's peak resident memory (`VmHWM` of `/proc/self/status`), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// The read probe, kept ready so a benchmark can measure the machine's read bandwidth between
 /// its repetitions: on a shared machine the ceiling moves by ±15 % within minutes, so decode is
 /// best judged against a ceiling measured in the same run, with the same pool.

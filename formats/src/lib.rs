@@ -8,3 +8,4 @@ pub mod loader;
 pub mod model;
 pub mod overlap;
 pub mod page_in;
+mod pread;

@@ -4,6 +4,7 @@
 
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
+use crate::pread::{self, Stored};
 use kiln_core::files::{self, FileKind};
 use kiln_core::spec::Layout;
 use kiln_core::{DType, ModelSpec, WeightId};
@@ -13,7 +14,7 @@ use kiln_text::sampler::SamplingChoice;
 use kiln_text::tokenizer::{Tokenizer, TokenizerError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Which front end read the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,7 +143,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
             for (id, w) in spec.weight_ids() {
                 if w.dtype.is_quantized() {
                     let bytes = g.weights.dequantize_to(id, target)?;
-                    bufs.insert(id, owned_copy(&bytes));
+                    bufs.insert(id, (owned_copy(&bytes), bytes.len()));
                     converted.push((id, w.dtype));
                 }
             }
@@ -198,62 +199,163 @@ fn transposed(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> AlignedBuf
 }
 
 /// Safetensors weights as the engine sees them: each tensor of the spec in place in its
-/// mapping, except those stored transposed (GPT-2's `Conv1D` weights), copied once, at load,
-/// into the layout the kernels read.
+/// mapping, except those stored transposed (GPT-2's `Conv1D` weights), copied into the layout
+/// the kernels read on their first `weight_ptr` (never for a tensor only streamed through
+/// `read_range`, which transposes as it reads).
 struct SafetensorsWeights {
     weights: Weights,
-    /// Per tensor of the spec: its address.
-    ptrs: Vec<usize>,
-    _copies: Vec<AlignedBuf>,
+    /// Per tensor of the spec, in its order.
+    slots: Vec<Slot>,
+}
+
+/// One tensor of the spec.
+struct Slot {
+    /// The spec's name (resolved again by [`Weights::lookup`] to make the copy).
+    name: String,
+    /// Index of its file ([`Weights::file_at`]), absolute offset and size there.
+    file: usize,
+    start: u64,
+    len: usize,
+    /// Its address in the mapping (or the aligned copy [`Weights`] made of a misaligned one).
+    ptr: usize,
+    /// `[rows, cols, element bytes]` of a tensor stored transposed (as the kernels read it:
+    /// the file holds `[cols, rows]`), and its copy once made.
+    transposed: Option<([usize; 3], OnceLock<AlignedBuf>)>,
 }
 
 impl SafetensorsWeights {
     fn bind(weights: Weights, spec: &ModelSpec) -> Result<SafetensorsWeights, ModelError> {
-        let mut ptrs = Vec::with_capacity(spec.weights.len());
-        let mut copies = Vec::new();
+        let mut slots = Vec::with_capacity(spec.weights.len());
         for w in &spec.weights {
             let t = weights.lookup(&w.name)?;
-            let ptr = match (w.layout, t.shape) {
-                (Layout::Transposed, &[rows, cols]) => {
-                    let copy = transposed(t.data, rows, cols, w.dtype.size());
-                    let p = copy.as_ptr() as usize;
-                    copies.push(copy);
-                    p
-                }
-                _ => t.ptr() as usize,
+            let (file, start) = weights.locate(&w.name)?;
+            let transposed = match (w.layout, t.shape) {
+                // Stored `[cols, rows]`.
+                (Layout::Transposed, &[cols, rows]) => Some(([rows, cols, w.dtype.size()], OnceLock::new())),
+                _ => None,
             };
-            ptrs.push(ptr);
+            slots.push(Slot {
+                name: w.name.clone(),
+                file,
+                start,
+                len: t.len_bytes(),
+                ptr: t.ptr() as usize,
+                transposed,
+            });
         }
-        Ok(SafetensorsWeights {
-            weights,
-            ptrs,
-            _copies: copies,
-        })
+        Ok(SafetensorsWeights { weights, slots })
+    }
+
+    fn slot(&self, id: WeightId) -> Result<&Slot, String> {
+        self.slots
+            .get(id.0 as usize)
+            .ok_or_else(|| format!("no weight {} in the spec", id.0))
+    }
+
+    /// How many transposed copies have been made so far.
+    #[cfg(test)]
+    fn copies_made(&self) -> usize {
+        let made = |s: &Slot| s.transposed.as_ref().is_some_and(|(_, c)| c.get().is_some());
+        self.slots.iter().filter(|s| made(s)).count()
     }
 }
 
 impl WeightSource for SafetensorsWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
-        let _ = &self.weights; // the mapping the pointers point into lives as long as `self`
-        self.ptrs
-            .get(id.0 as usize)
-            .map(|&p| p as *const u8)
-            .ok_or_else(|| format!("no weight {} in the spec", id.0))
+        let slot = self.slot(id)?;
+        let Some(([rows, cols, elem], copy)) = &slot.transposed else {
+            // The mapping (or `Weights`' copy) the pointer points into lives as long as `self`.
+            return Ok(slot.ptr as *const u8);
+        };
+        if let Some(made) = copy.get() {
+            return Ok(made.as_ptr() as *const u8);
+        }
+        let t = self.weights.lookup(&slot.name).map_err(|e| e.to_string())?;
+        // Two threads may both transpose; one copy is kept, the same bytes either way.
+        let _ = copy.set(transposed(t.data, *cols, *rows, *elem));
+        let made = copy
+            .get()
+            .ok_or_else(|| format!("tensor {}: no transposed copy", slot.name))?;
+        Ok(made.as_ptr() as *const u8)
     }
+
+    /// Reads with `pread` from the tensor's file (transposing as it goes for a `Conv1D`
+    /// weight), never through the map and without making the transposed copy; from the copy
+    /// if it already exists.
+    fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        let slot = self.slot(id)?;
+        let (file, path) = self
+            .weights
+            .file_at(slot.file)
+            .ok_or_else(|| format!("tensor {}: no file {}", slot.name, slot.file))?;
+        let stored = Stored {
+            file,
+            path,
+            name: &slot.name,
+            start: slot.start,
+            len: slot.len,
+        };
+        match &slot.transposed {
+            Some(([rows, cols, elem], copy)) => match copy.get() {
+                Some(made) => copy_from(&stored, made, offset, dst),
+                None => pread::transposed(&stored, *rows, *cols, *elem, offset, dst),
+            },
+            None => pread::plain(&stored, offset, dst),
+        }
+    }
+}
+
+/// `dst.len()` bytes at `offset` of `buf`, a copy of the tensor `stored` describes.
+fn copy_from(stored: &Stored, buf: &AlignedBuf, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+    stored.check(offset, dst.len())?;
+    // SAFETY: `buf` holds the tensor's `stored.len` bytes (it is a copy of them, see
+    // `owned_copy`), `offset..offset + dst.len()` lies within them (checked above), and `dst`
+    // is a distinct, writable slice.
+    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+    Ok(())
 }
 
 /// GGUF weights with the quantised tensors replaced by float copies.
 struct Dequantized {
     inner: GgufWeights,
-    bufs: HashMap<WeightId, AlignedBuf>,
+    /// The converted tensors and their sizes in bytes.
+    bufs: HashMap<WeightId, (AlignedBuf, usize)>,
 }
 
 impl WeightSource for Dequantized {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
         match self.bufs.get(&id) {
-            Some(b) => Ok(b.as_ptr() as *const u8),
+            Some((b, _)) => Ok(b.as_ptr() as *const u8),
             None => self.inner.weight_ptr(id),
         }
+    }
+
+    /// A converted tensor from its buffer; any other as [`GgufWeights`] reads it (`pread`).
+    fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        let Some((buf, len)) = self.bufs.get(&id) else {
+            return self.inner.read_range(id, offset, dst);
+        };
+        let name = self
+            .inner
+            .spec()
+            .weights
+            .get(id.0 as usize)
+            .map_or("?", |w| w.name.as_str());
+        let path = self.inner.path();
+        match offset.checked_add(dst.len()) {
+            Some(end) if end <= *len => {}
+            _ => {
+                return Err(format!(
+                    "{}: tensor {name} (converted): cannot read {} bytes at byte {offset}: it has {len} bytes",
+                    path.display(),
+                    dst.len()
+                ));
+            }
+        }
+        // SAFETY: `buf` holds the converted tensor's `len` bytes (`owned_copy`), the range lies
+        // within them (checked above), and `dst` is a distinct, writable slice.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
     }
 }
 
@@ -318,6 +420,80 @@ mod tests {
             spec.weight(spec.weight_named("transformer.h.0.mlp.c_fc.weight").unwrap())
                 .shape,
             [24, 16]
+        );
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(name)
+    }
+
+    /// `read_range` of every weight of `w` over each of `check::ranges`, all before any
+    /// `weight_ptr`; then asserts each read equals the bytes `weight_ptr` exposes.
+    fn reads_match_weight_ptr(w: &dyn WeightSource, spec: &ModelSpec, what: &str) {
+        let reads: Vec<_> = spec
+            .weight_ids()
+            .map(|(id, t)| pread::check::read(w, id, t.bytes(), t.shape[0]))
+            .collect();
+        for ((id, t), reads) in spec.weight_ids().zip(&reads) {
+            let exposed = pread::check::exposed(w, id, t.bytes());
+            pread::check::same(reads, &exposed, &format!("{what}: {}", t.name));
+        }
+    }
+
+    /// Invariant: for safetensors checkpoints, plain tensors (llama, GPT-2's embeddings and
+    /// norms) and GPT-2's transposed `Conv1D` weights, `read_range` over the whole tensor and
+    /// over whole-row and row-cutting sub-ranges returns exactly the bytes `weight_ptr`
+    /// exposes; reading makes no transposed copy, `weight_ptr` makes them on demand.
+    #[test]
+    fn safetensors_read_range_equals_weight_ptr_without_copying() {
+        for (name, transposed) in [("llama", 0), ("gpt2", 4)] {
+            let loaded = model::load(&fixture(name)).unwrap();
+            let spec = loaded.spec.clone();
+            let w = SafetensorsWeights::bind(loaded.weights, &spec).unwrap();
+            let kinds = spec.weights.iter().filter(|t| t.layout == Layout::Transposed).count();
+            assert_eq!(kinds, transposed * spec.num_layers(), "{name}");
+            let reads: Vec<_> = spec
+                .weight_ids()
+                .map(|(id, t)| pread::check::read(&w, id, t.bytes(), t.shape[0]))
+                .collect();
+            assert_eq!(w.copies_made(), 0, "{name}: read_range made a copy");
+            for ((id, t), reads) in spec.weight_ids().zip(&reads) {
+                let exposed = pread::check::exposed(&w, id, t.bytes());
+                pread::check::same(reads, &exposed, &format!("{name}: {}", t.name));
+            }
+            assert_eq!(w.copies_made(), kinds, "{name}");
+            // Once the copies exist, reads (now from them) still agree.
+            reads_match_weight_ptr(&w, &spec, name);
+        }
+    }
+
+    /// Invariant: with `--dequantize`, converted tensors (q/k among them) are read from their
+    /// converted buffers and the others from the GGUF file, both equal to what `weight_ptr`
+    /// exposes; a range past a converted tensor is an error naming it.
+    #[test]
+    fn dequantized_read_range_equals_weight_ptr() {
+        let path = fixture("gguf/llama-q8_0.gguf");
+        let opts = LoadOptions {
+            dequantize: Some(DType::F32),
+            page_in: false,
+        };
+        let m = load(&path, &opts).unwrap();
+        assert!(!m.converted.is_empty());
+        assert!(
+            m.spec
+                .weights
+                .iter()
+                .any(|t| !m.converted.iter().any(|(id, _)| m.spec.weight(*id).name == t.name))
+        );
+        reads_match_weight_ptr(m.weights.as_ref(), &m.spec, "dequantized");
+        let (id, _) = m.converted[0];
+        let len = m.spec.weight(id).bytes();
+        let e = m.weights.read_range(id, len, &mut [0; 4]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}: tensor {}", path.display(), m.spec.weight(id).name)),
+            "{e}"
         );
     }
 }

@@ -188,6 +188,7 @@ fn lib(lanes: usize) -> &'static TestLib {
             prefill_rows: ROWS,
             f32_lanes: lanes,
             target_cpu: None,
+            head_chunk_rows: None,
         };
         TestLib::build(&suite(), &options, None)
     })

@@ -99,6 +99,7 @@ fn build(kernels: &[Kernel], lanes: usize) -> TestLib {
         prefill_rows: ROWS,
         f32_lanes: lanes,
         target_cpu: None,
+        head_chunk_rows: None,
     };
     TestLib::build(kernels, &options, None)
 }
@@ -372,6 +373,7 @@ fn model_kernels_accepts_quantised_matrices_only() {
         prefill_rows: ROWS,
         f32_lanes: 8,
         target_cpu: None,
+        head_chunk_rows: None,
     };
     let set = |s: &mut kiln_core::ModelSpec, name: &str, dtype| {
         let id = s.weight_named(name).expect("a tensor of the test spec");
@@ -453,6 +455,7 @@ fn quant_speed() {
         prefill_rows: rows,
         f32_lanes: lanes,
         target_cpu: (lanes == 8 && host == 16).then(|| "x86-64-v3".to_string()),
+        head_chunk_rows: None,
     };
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
     let lib = TestLib::build(&kernels, &options, asm.as_deref());

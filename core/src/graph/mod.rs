@@ -72,12 +72,15 @@ pub enum Arg {
     LastRow(BufId),
     /// A weight, or rows of one.
     Weight(WeightRef),
+    /// Row 0 of a buffer from its element `elem` on: where a chunk of the output head writes
+    /// its part of a logits row (one row only: the kernel's own row length is the chunk's).
+    BufAt(BufId, usize),
 }
 
 impl Arg {
     fn buf(self) -> Option<BufId> {
         match self {
-            Arg::Buf(b) | Arg::LastRow(b) => Some(b),
+            Arg::Buf(b) | Arg::LastRow(b) | Arg::BufAt(b, _) => Some(b),
             Arg::Weight(_) => None,
         }
     }
@@ -182,16 +185,69 @@ pub fn batch_head_graph(spec: &ModelSpec) -> Graph {
     g
 }
 
-/// Every distinct kernel a library for this spec must export, in first-use order.
-pub fn kernel_set(spec: &ModelSpec, prefill_rows: usize) -> Vec<Kernel> {
+/// The one-row head of [`head_graph`] with the matmul that writes the logits split into
+/// chunks of `chunk_rows` output rows (the last one shorter), each reading its rows of the
+/// head's matrix (and bias) and writing its part of the logits row: how `--ram-budget`
+/// streams a head larger than a stream buffer. Each logit is computed by the same
+/// instructions as in the whole head (a matmul's outputs are independent of one another), so
+/// the logits are bitwise the same.
+pub fn chunked_head_graph(spec: &ModelSpec, chunk_rows: usize) -> Graph {
+    let logits = spec.buffer_named(LOGITS);
+    let mut g = Graph::default();
+    for step in head_graph(spec).steps {
+        let Kernel::MatMul { n, bias, .. } = step.kernel else {
+            g.push(step.kernel, step.args, step.layer);
+            continue;
+        };
+        if step.args.get(2).and_then(|a| a.buf()) != logits || chunk_rows == 0 || chunk_rows >= n {
+            g.push(step.kernel, step.args, step.layer);
+            continue;
+        }
+        let logits = logits.expect("checked above");
+        for c0 in (0..n).step_by(chunk_rows) {
+            let rows = chunk_rows.min(n - c0);
+            let mut kernel = step.kernel.clone();
+            if let Kernel::MatMul { n, .. } = &mut kernel {
+                *n = rows;
+            }
+            let mut args = step.args.clone();
+            let slice = |a: &Arg| match *a {
+                Arg::Weight(w) => Arg::Weight(WeightRef {
+                    id: w.id,
+                    row0: w.row0 + c0,
+                    rows,
+                }),
+                other => other,
+            };
+            args[1] = slice(&args[1]);
+            args[2] = Arg::BufAt(logits, c0);
+            if bias.is_some() {
+                args[3] = slice(&args[3]);
+            }
+            g.push(kernel, args, step.layer);
+        }
+    }
+    g.place_barriers();
+    if let Some(first) = g.steps.first_mut() {
+        first.barrier_before = true;
+    }
+    g
+}
+
+/// Every distinct kernel a library for this spec compiled with `options` must export, in
+/// first-use order.
+pub fn kernel_set(spec: &ModelSpec, options: &crate::CompileOptions) -> Vec<Kernel> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
-    let graphs = [
-        block_graph(spec, prefill_rows),
+    let mut graphs = vec![
+        block_graph(spec, options.prefill_rows),
         decode_graph(spec),
         head_graph(spec),
         batch_head_graph(spec),
     ];
+    if let Some(rows) = options.head_chunk_rows {
+        graphs.push(chunked_head_graph(spec, rows));
+    }
     for step in graphs.iter().flat_map(|g| g.steps.iter()) {
         if seen.insert(step.kernel.clone()) {
             out.push(step.kernel.clone());

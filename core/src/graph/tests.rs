@@ -211,3 +211,33 @@ fn norms_are_folded_only_into_linear_readers_of_an_unchanged_input() {
     assert_eq!(l0[0], "norm", "{l0:?}");
     assert!(s.ops.iter().any(|o| o.kind.writes().contains(&x)));
 }
+
+/// The chunked head covers the head's rows exactly once, in order: each chunk reads its rows
+/// of the matrix (and of a bias), writes its part of the logits row, keeps the folded norm,
+/// and the last chunk takes the remainder; a chunk as large as the vocabulary is the whole head.
+#[test]
+fn chunked_head_covers_every_row_once() {
+    let mut config = qwen25_05b();
+    config["vocab_size"] = json!(1000);
+    let spec = spec_of(config);
+    let whole = head_graph(&spec);
+    let chunked = chunked_head_graph(&spec, 384);
+    assert_eq!(chunked.steps.len(), 3);
+    let mut next = 0;
+    for step in &chunked.steps {
+        let Kernel::MatMul { n, norm, .. } = step.kernel else {
+            panic!("a chunk is a matmul")
+        };
+        assert!(norm.is_some(), "the final norm stays folded into every chunk");
+        let Arg::Weight(w) = step.args[1] else {
+            panic!("the matrix")
+        };
+        assert_eq!((w.row0, w.rows), (next, n));
+        assert_eq!(step.args[2], Arg::BufAt(spec.buffer_named(LOGITS).unwrap(), next));
+        assert_eq!(step.args[0], whole.steps[0].args[0]);
+        assert!(step.barrier_before);
+        next += n;
+    }
+    assert_eq!(next, 1000);
+    assert_eq!(chunked_head_graph(&spec, 1000), whole);
+}

@@ -97,11 +97,7 @@ impl Engine {
         self.write_rows(&info);
         let pos0 = info[0].position as usize;
         let decode = rows <= graph::DECODE_ROWS;
-        if decode {
-            self.decode.block.run(&self.pool, rows, pos0, rows);
-        } else {
-            self.prefill.block.run(&self.pool, rows, pos0, rows);
-        }
+        self.run_block(decode, &tokens, pos0, !wanted.is_empty())?;
         for p in parts {
             self.positions[p.slot] += p.tokens.len();
         }
@@ -115,13 +111,18 @@ impl Engine {
             return Ok(&[]);
         }
         if wanted == [rows - 1] {
-            let head = if decode {
-                &mut self.decode.head
-            } else {
-                &mut self.prefill.head
-            };
-            head.run(&self.pool, 1, pos0, rows);
+            self.run_head(decode, pos0, rows)?;
             return Ok(self.logits());
+        }
+        if self.head_by_rows() {
+            // The head streams in chunks: each wanted row through the one-row head.
+            let mut all = Vec::with_capacity(wanted.len() * vocab);
+            for &r in wanted {
+                self.run_head(decode, pos0, r + 1)?;
+                all.extend_from_slice(self.logits());
+            }
+            self.batch_logits = all;
+            return Ok(&self.batch_logits);
         }
         let chunks = wanted.len().div_ceil(graph::DECODE_ROWS);
         let mut all = Vec::new();
@@ -136,7 +137,8 @@ impl Engine {
                     }
                 }
             }
-            self.batch_head.run(&self.pool, chunk.len(), pos0, chunk.len());
+            let batch_head = self.batch_head.as_mut().expect("checked by head_by_rows");
+            batch_head.run(&self.pool, chunk.len(), pos0, chunk.len());
             if chunks > 1 {
                 all.extend_from_slice(self.bufs.get(self.std.logits).f32s(chunk.len() * vocab));
             }

@@ -45,6 +45,8 @@ mod special_files_tests;
 mod tests;
 #[cfg(test)]
 mod tests_phi3;
+#[cfg(test)]
+mod tests_read_range;
 
 pub use error::GgufError;
 pub use parse::{GgufHeader, TensorInfo, Value};
@@ -55,6 +57,7 @@ use kiln_core::ModelSpec;
 use kiln_core::files;
 use kiln_text::tokenizer::Tokenizer;
 use memmap2::Mmap;
+use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -94,6 +97,11 @@ pub fn is_gguf(path: &Path) -> bool {
 /// Maps `path` read-only and parses its header. Only a regular file is opened: a FIFO, a
 /// device or a directory is refused by name ([`GgufError::File`]) without blocking.
 pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
+    open_file(path).map(|(_, map, header)| (map, header))
+}
+
+/// [`open`], also returning the open file the map was made from.
+pub fn open_file(path: &Path) -> Result<(File, Mmap, GgufHeader), GgufError> {
     let io = |source| GgufError::Io {
         path: path.to_path_buf(),
         source,
@@ -111,7 +119,7 @@ pub fn open(path: &Path) -> Result<(Mmap, GgufHeader), GgufError> {
     // access is bounds-checked against the map's length by the parser.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
     let header = GgufHeader::parse(&map, path)?;
-    Ok((map, header))
+    Ok((file, map, header))
 }
 
 /// Reads the GGUF model at `path`: header, spec (every needed tensor checked), weights (llama
@@ -124,10 +132,10 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
 /// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in`
 /// (see [`crate::page_in`]).
 pub fn load_with(path: &Path, page_in: bool) -> Result<LoadedGguf, GgufError> {
-    let split::GgufFiles { paths, maps, header } = split::open_model(path)?;
-    let bytes: Vec<&[u8]> = maps.iter().map(|m| &m[..]).collect();
-    let spec = model::spec_from_parts(&header, &bytes, path)?;
-    let vocab = tokenizer::vocab_from_header(&header, path)?;
+    let files = split::open_model(path)?;
+    let bytes: Vec<&[u8]> = files.maps.iter().map(|m| &m[..]).collect();
+    let spec = model::spec_from_parts(&files.header, &bytes, path)?;
+    let vocab = tokenizer::vocab_from_header(&files.header, path)?;
     if vocab.tokens.len() > spec.dims.vocab_size {
         return Err(GgufError::InvalidModel {
             path: path.to_path_buf(),
@@ -141,14 +149,15 @@ pub fn load_with(path: &Path, page_in: bool) -> Result<LoadedGguf, GgufError> {
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
     let tokenizer = std::thread::scope(|s| {
         if page_in {
-            s.spawn(|| maps.iter().for_each(|m| crate::page_in::page_in(m)));
+            s.spawn(|| files.maps.iter().for_each(|m| crate::page_in::page_in(m)));
         }
         tokenizer::build_tokenizer(&vocab, path)
     })?;
-    let weights = GgufWeights::from_parts(path, maps, header, &spec)?;
+    let parts = files.paths.clone();
+    let weights = GgufWeights::from_files(files, &spec)?;
     Ok(LoadedGguf {
         path: path.to_path_buf(),
-        parts: paths,
+        parts,
         bos_token_id: vocab.bos_token_id,
         eos_token_ids: vocab.eog_token_ids.clone(),
         add_bos: vocab.add_bos,

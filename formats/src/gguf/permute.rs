@@ -15,8 +15,9 @@
 //!
 //! Kiln's kernels use HF's layout, so the loader undoes the permutation. It only moves whole
 //! rows (a quantised row is a whole number of blocks; no block is split), so it works for every
-//! storage type: see [`unpermute_rows`] and [`reorder_rows`]. This is a one-time copy made at
-//! load time for the q/k weights and biases of llama-architecture files only; every other
+//! storage type: see [`unpermute_rows`] and [`reorder_rows`]. This is a one-time copy, made on
+//! the first access, of the q/k weights and biases of llama-architecture files only (a weight
+//! the engine streams is reordered as it is read instead, see `crate::pread`); every other
 //! tensor is read in place from the memory map.
 
 /// For a projection of `n_heads` heads (`n_rows = n_heads * head_dim`, `head_dim` even) stored
@@ -26,16 +27,18 @@
 /// Returns `None` unless `n_heads > 0` and `n_rows` is a multiple of `2 * n_heads`.
 pub fn unpermute_rows(n_rows: usize, n_heads: usize) -> Option<Vec<usize>> {
     let head_dim = head_dim(n_rows, n_heads)?;
+    Some(
+        (0..n_rows)
+            .map(|r| r - r % head_dim + gguf_row(r % head_dim, head_dim))
+            .collect(),
+    )
+}
+
+/// Within one head of `head_dim` rows (even), the GGUF row that holds HF row `hf_row`
+/// (`< head_dim`): HF row `j * d/2 + i` is GGUF row `2i + j`. [`unpermute_rows`], one head.
+pub fn gguf_row(hf_row: usize, head_dim: usize) -> usize {
     let half = head_dim / 2;
-    let mut mapping = vec![0; n_rows];
-    for h in 0..n_heads {
-        for j in 0..2 {
-            for i in 0..half {
-                mapping[h * head_dim + j * half + i] = h * head_dim + 2 * i + j;
-            }
-        }
-    }
-    Some(mapping)
+    2 * (hf_row % half) + hf_row / half
 }
 
 /// The converter's direction: `mapping[gguf_row]` is the HF row stored at GGUF row `gguf_row`

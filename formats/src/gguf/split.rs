@@ -15,6 +15,7 @@
 use super::error::GgufError;
 use super::parse::GgufHeader;
 use memmap2::Mmap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Index of this part, from 0.
@@ -51,10 +52,12 @@ fn strip_gguf(name: &str) -> Option<&str> {
 }
 
 /// A GGUF model opened for reading: its files (one, or every part of a split model, first
-/// part first), each mapped, and one header over all of them.
+/// part first), each open and mapped, and one header over all of them.
 #[derive(Debug)]
 pub struct GgufFiles {
     pub paths: Vec<PathBuf>,
+    /// Each part's open file, the one its map was made from.
+    pub files: Vec<File>,
     pub maps: Vec<Mmap>,
     pub header: GgufHeader,
 }
@@ -63,10 +66,11 @@ pub struct GgufFiles {
 /// other parts must sit next to it under llama.cpp's names. Every part's header is parsed and
 /// checked to belong to the same split (`split.no`, `split.count`, the total tensor count).
 pub fn open_model(path: &Path) -> Result<GgufFiles, GgufError> {
-    let (map, header) = super::open(path)?;
+    let (file, map, header) = super::open_file(path)?;
     let Some((no, count)) = split_keys(&header, path)? else {
         return Ok(GgufFiles {
             paths: vec![path.to_path_buf()],
+            files: vec![file],
             maps: vec![map],
             header,
         });
@@ -95,6 +99,7 @@ pub fn open_model(path: &Path) -> Result<GgufFiles, GgufError> {
     };
     let dir = path.parent().unwrap_or(Path::new(""));
     let mut paths = vec![path.to_path_buf()];
+    let mut files = vec![file];
     let mut maps = vec![map];
     let mut headers = vec![header];
     for index in 2..=count {
@@ -105,7 +110,7 @@ pub fn open_model(path: &Path) -> Result<GgufFiles, GgufError> {
                 part.display()
             )));
         }
-        let (map, header) = super::open(&part)?;
+        let (file, map, header) = super::open_file(&part)?;
         match split_keys(&header, &part)? {
             Some((n, c)) if n + 1 == index && c == count => {}
             found => {
@@ -120,6 +125,7 @@ pub fn open_model(path: &Path) -> Result<GgufFiles, GgufError> {
             }
         }
         paths.push(part);
+        files.push(file);
         maps.push(map);
         headers.push(header);
     }
@@ -134,7 +140,12 @@ pub fn open_model(path: &Path) -> Result<GgufFiles, GgufError> {
             header.tensors.len()
         )));
     }
-    Ok(GgufFiles { paths, maps, header })
+    Ok(GgufFiles {
+        paths,
+        files,
+        maps,
+        header,
+    })
 }
 
 /// `(split.no, split.count)` of a part of a split model; `None` for a single file

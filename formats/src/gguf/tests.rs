@@ -692,12 +692,17 @@ impl Writer {
     }
 
     /// The header, padded to 32 bytes, without tensor data.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub fn finish(self) -> Vec<u8> {
+        self.finish_to(32)
+    }
+
+    /// The header, padded to a multiple of `align` bytes, without tensor data.
+    pub fn finish_to(mut self, align: usize) -> Vec<u8> {
         self.buf.extend(self.n_tensors.to_le_bytes());
         self.buf.extend(self.n_kv.to_le_bytes());
         self.buf.extend(&self.body);
         self.buf.extend(&self.tensors);
-        while !self.buf.len().is_multiple_of(32) {
+        while !self.buf.len().is_multiple_of(align) {
             self.buf.push(0);
         }
         self.buf

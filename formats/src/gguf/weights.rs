@@ -2,26 +2,33 @@
 //! Hugging Face order.
 //!
 //! Every tensor is read in place from the read-only memory map, except the query and key
-//! projections (and their biases) of `llama`-architecture files: those are copied once, at
-//! load, with their rows reordered (see [`super::permute`]). The copy lives as long as the
-//! [`GgufWeights`] and is 64-byte aligned.
+//! projections (and their biases) of `llama`-architecture files: those are copied with their
+//! rows reordered (see [`super::permute`]). The copy is made on the tensor's first access
+//! ([`GgufWeights::tensor`], `weight_ptr`), not at load, so a tensor the engine only streams
+//! (`read_range`, which reorders as it reads) is never copied; the permutation is checked at
+//! load all the same. A copy lives as long as the [`GgufWeights`] and is 64-byte aligned.
 //!
 //! A split model's parts are each mapped; a tensor's data is read from the part that holds it.
+//! Each part's open file is kept beside its map, for `read_range`'s `pread`s.
 //!
 //! Alignment: tensor data in the map starts at `data_start + offset`, both multiples of the
 //! file's alignment (32 by default) and the map is page-aligned, so every tensor begins at a
 //! multiple of 32 bytes. A file declaring a smaller `general.alignment` would break that; such
-//! a tensor is copied into an aligned buffer at load, so every [`GgufTensor::ptr`] is 32-byte
-//! aligned whatever the file.
+//! a tensor is copied into an aligned buffer on its first access, so every
+//! [`GgufTensor::ptr`] is 32-byte aligned whatever the file.
 
 use super::dequant;
 use super::error::GgufError;
 use super::parse::{GgufHeader, TensorInfo};
 use super::permute::{reorder_rows, unpermute_rows};
+use super::split::GgufFiles;
+use crate::pread::{self, Stored};
 use kiln_core::spec::Layout;
 use kiln_core::{DType, ModelSpec, WeightId};
 use memmap2::Mmap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The alignment every tensor's data is guaranteed to have.
 pub const TENSOR_ALIGN: usize = 32;
@@ -95,12 +102,15 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-#[derive(Debug)]
-enum Storage {
-    /// `start..end` of the map of part `part`.
-    Mapped { part: usize, start: usize, end: usize },
-    /// A reordered or re-aligned copy.
-    Owned { buf: AlignedBuf, reordered: bool },
+/// How the bytes the kernels read are made from the file's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Read in place from the map.
+    Mapped,
+    /// Rows reordered out of llama.cpp's q/k permutation of `heads` heads, into a copy.
+    Permuted { heads: usize },
+    /// Copied as they are into an aligned buffer (the map's bytes are misaligned).
+    Realigned,
 }
 
 #[derive(Debug)]
@@ -108,7 +118,13 @@ struct Entry {
     /// Index into the header's tensor table.
     info: usize,
     shape: Vec<usize>,
-    storage: Storage,
+    /// `start..end` of the map of part `part`: the tensor's bytes as stored.
+    part: usize,
+    start: usize,
+    end: usize,
+    kind: Kind,
+    /// The copy of a `Permuted` or `Realigned` tensor, made on first access.
+    copy: OnceLock<AlignedBuf>,
 }
 
 /// The model tensors of one GGUF file (or the parts of a split one): mapped, checked against a
@@ -116,6 +132,10 @@ struct Entry {
 #[derive(Debug)]
 pub struct GgufWeights {
     path: PathBuf,
+    /// Every part's path (one for a single file), indexed by [`TensorInfo::part`].
+    paths: Vec<PathBuf>,
+    /// The open file of each part, the one its map was made from (for `read_range`).
+    files: Vec<File>,
     /// One map per part (one for a single file), indexed by [`TensorInfo::part`].
     maps: Vec<Mmap>,
     header: GgufHeader,
@@ -126,20 +146,49 @@ pub struct GgufWeights {
 }
 
 impl GgufWeights {
-    /// Binds the tensors of `spec` in `map` (whose parsed header is `header`), checking each
-    /// for presence, shape and storage type, and reorders the q/k rows llama.cpp permuted.
-    pub fn new(path: &Path, map: Mmap, header: GgufHeader, spec: &ModelSpec) -> Result<GgufWeights, GgufError> {
-        Self::from_parts(path, vec![map], header, spec)
-    }
-
-    /// [`GgufWeights::new`] for a split model: `maps[i]` is part `i`, `header` the joined
-    /// header of [`super::split::open_model`]; `path` (the first part) names it in messages.
-    pub fn from_parts(
+    /// Binds the tensors of `spec` in `map` (made from `file`, opened from `path`, whose
+    /// parsed header is `header`), checking each for presence, shape and storage type, and
+    /// checking that the q/k rows llama.cpp permuted can be reordered (they are on first
+    /// access).
+    pub fn new(
         path: &Path,
-        maps: Vec<Mmap>,
+        file: File,
+        map: Mmap,
         header: GgufHeader,
         spec: &ModelSpec,
     ) -> Result<GgufWeights, GgufError> {
+        let files = GgufFiles {
+            paths: vec![path.to_path_buf()],
+            files: vec![file],
+            maps: vec![map],
+            header,
+        };
+        Self::from_files(files, spec)
+    }
+
+    /// [`GgufWeights::new`] for the files [`super::split::open_model`] opened (one, or every
+    /// part of a split model): part `i` is `files.paths[i]`, `header` is the joined header;
+    /// the first part names the model in messages.
+    pub fn from_files(files: GgufFiles, spec: &ModelSpec) -> Result<GgufWeights, GgufError> {
+        let GgufFiles {
+            paths,
+            files,
+            maps,
+            header,
+        } = files;
+        let path = paths.first().cloned().unwrap_or_default();
+        let path = path.as_path();
+        if files.len() != paths.len() || maps.len() != paths.len() {
+            return Err(GgufError::InvalidRequest {
+                path: path.to_path_buf(),
+                message: format!(
+                    "{} paths, {} files and {} maps do not describe the same parts",
+                    paths.len(),
+                    files.len(),
+                    maps.len()
+                ),
+            });
+        }
         super::model::check_tensors(&header, spec, path, true)?;
         let mut entries = Vec::with_capacity(spec.weights.len());
         let mut reordered_bytes = 0;
@@ -152,37 +201,47 @@ impl GgufWeights {
             let t: &TensorInfo = &header.tensors[i];
             // The header was parsed from this part's map, so these are in bounds.
             let (part, start, end) = (t.part, t.start as usize, (t.start + t.size) as usize);
-            let bytes = &maps[part][start..end];
-            let storage = match req.layout {
+            let in_map = maps.get(part).and_then(|m| m.get(start..end));
+            let Some(bytes) = in_map else {
+                return Err(GgufError::InvalidModel {
+                    path: path.to_path_buf(),
+                    message: format!("tensor {} lies outside part {} of the model", req.name, part + 1),
+                });
+            };
+            let kind = match req.layout {
                 Layout::RopePermuted { heads } => {
-                    let rows = req.shape[0];
-                    let mapping = unpermute_rows(rows, heads).ok_or_else(|| GgufError::InvalidModel {
-                        path: path.to_path_buf(),
-                        message: format!(
-                            "tensor {} has {rows} rows, not a multiple of 2 x {heads} heads",
-                            req.name
-                        ),
-                    })?;
-                    let mut buf = AlignedBuf::zeroed(bytes.len());
-                    reorder_rows(bytes, buf.as_mut_slice(), bytes.len() / rows, &mapping);
+                    // Checked now, copied on first access.
+                    let rows = req.shape.first().copied().unwrap_or(0);
+                    let whole_rows = rows > 0 && bytes.len().is_multiple_of(rows);
+                    if unpermute_rows(rows, heads).is_none() || !whole_rows {
+                        return Err(GgufError::InvalidModel {
+                            path: path.to_path_buf(),
+                            message: format!(
+                                "tensor {} has {rows} rows, not a multiple of 2 x {heads} heads",
+                                req.name
+                            ),
+                        });
+                    }
                     reordered_bytes += bytes.len();
-                    Storage::Owned { buf, reordered: true }
+                    Kind::Permuted { heads }
                 }
-                _ if !(bytes.as_ptr() as usize).is_multiple_of(TENSOR_ALIGN) => {
-                    let mut buf = AlignedBuf::zeroed(bytes.len());
-                    buf.as_mut_slice().copy_from_slice(bytes);
-                    Storage::Owned { buf, reordered: false }
-                }
-                _ => Storage::Mapped { part, start, end },
+                _ if !(bytes.as_ptr() as usize).is_multiple_of(TENSOR_ALIGN) => Kind::Realigned,
+                _ => Kind::Mapped,
             };
             entries.push(Entry {
                 info: i,
                 shape: req.shape.clone(),
-                storage,
+                part,
+                start,
+                end,
+                kind,
+                copy: OnceLock::new(),
             });
         }
         Ok(GgufWeights {
             path: path.to_path_buf(),
+            paths,
+            files,
             maps,
             header,
             spec: spec.clone(),
@@ -206,32 +265,77 @@ impl GgufWeights {
         &self.spec
     }
 
-    /// Bytes copied at load to put llama q/k rows in Hugging Face order.
+    /// Bytes of the copies that put llama q/k rows in Hugging Face order: the size of every
+    /// reordered tensor, whether or not its copy has been made yet (it is on first access).
     pub fn reordered_bytes(&self) -> usize {
         self.reordered_bytes
     }
 
-    /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
-    /// Face order.
-    pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {
-        let entry = self
-            .entries
+    /// How many reordered or re-aligned copies have been made so far.
+    #[cfg(test)]
+    pub(crate) fn copies_made(&self) -> usize {
+        self.entries.iter().filter(|e| e.copy.get().is_some()).count()
+    }
+
+    fn entry(&self, id: WeightId) -> Result<&Entry, GgufError> {
+        self.entries
             .get(id.0 as usize)
             .ok_or_else(|| GgufError::InvalidRequest {
                 path: self.path.clone(),
                 message: format!("no weight {} in the spec", id.0),
-            })?;
+            })
+    }
+
+    /// The tensor's bytes as stored in the map.
+    fn stored(&self, e: &Entry) -> &[u8] {
+        &self.maps[e.part][e.start..e.end]
+    }
+
+    /// The bytes the kernels read made from `stored`, a copy unless the entry is `Mapped`.
+    fn made(e: &Entry, stored: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(stored.len());
+        match e.kind {
+            Kind::Permuted { heads } => {
+                let rows = e.shape.first().copied().unwrap_or(0);
+                // Checked at load: `rows` is a positive multiple of `2 * heads` dividing the size.
+                let mapping = unpermute_rows(rows, heads).unwrap_or_default();
+                reorder_rows(stored, buf.as_mut_slice(), stored.len() / rows.max(1), &mapping);
+            }
+            Kind::Realigned | Kind::Mapped => buf.as_mut_slice().copy_from_slice(stored),
+        }
+        buf
+    }
+
+    /// Calls `f` with the bytes the kernels read of `e`, without keeping a copy it has to make
+    /// (the lazy copy when it exists, else a temporary one).
+    fn with_bytes<R>(&self, e: &Entry, f: impl FnOnce(&[u8]) -> R) -> R {
+        match (e.kind, e.copy.get()) {
+            (Kind::Mapped, _) => f(self.stored(e)),
+            (_, Some(copy)) => f(copy.as_slice()),
+            _ => f(Self::made(e, self.stored(e)).as_slice()),
+        }
+    }
+
+    /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
+    /// Face order.
+    ///
+    /// The first access to a reordered (llama q/k) or misaligned tensor makes its copy.
+    pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {
+        let entry = self.entry(id)?;
         let info = &self.header.tensors[entry.info];
-        let (data, reordered) = match &entry.storage {
-            Storage::Mapped { part, start, end } => (&self.maps[*part][*start..*end], false),
-            Storage::Owned { buf, reordered } => (buf.as_slice(), *reordered),
+        let data = match entry.kind {
+            Kind::Mapped => self.stored(entry),
+            _ => entry
+                .copy
+                .get_or_init(|| Self::made(entry, self.stored(entry)))
+                .as_slice(),
         };
         Ok(GgufTensor {
             name: &info.name,
             dtype: info.dtype,
             shape: &entry.shape,
             data,
-            reordered,
+            reordered: matches!(entry.kind, Kind::Permuted { .. }),
         })
     }
 
@@ -256,11 +360,15 @@ impl GgufWeights {
                 message: format!("cannot dequantize to {target} (targets: f32, bf16)"),
             });
         }
-        let t = self.tensor(id)?;
-        let values = dequant::dequantize(t.dtype, t.data).map_err(|e| GgufError::InvalidRequest {
-            path: self.path.clone(),
-            message: format!("tensor {}: {e}", t.name),
-        })?;
+        // Without keeping a reordered copy: the converted values replace it.
+        let entry = self.entry(id)?;
+        let info = &self.header.tensors[entry.info];
+        let values = self
+            .with_bytes(entry, |data| dequant::dequantize(info.dtype, data))
+            .map_err(|e| GgufError::InvalidRequest {
+                path: self.path.clone(),
+                message: format!("tensor {}: {e}", info.name),
+            })?;
         Ok(match target {
             DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             _ => values
@@ -274,5 +382,31 @@ impl GgufWeights {
 impl kiln_engine::engine::WeightSource for GgufWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
         self.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
+    }
+
+    /// Reads with `pread` from the part's file (reordering llama q/k rows as it goes), never
+    /// through the map and without making the lazy copy; from the copy if it already exists.
+    fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        let entry = self.entry(id).map_err(|e| e.to_string())?;
+        let info = &self.header.tensors[entry.info];
+        let stored = Stored {
+            file: &self.files[entry.part],
+            path: &self.paths[entry.part],
+            name: &info.name,
+            start: entry.start as u64,
+            len: entry.end - entry.start,
+        };
+        if let Some(copy) = entry.copy.get() {
+            stored.check(offset, dst.len())?;
+            dst.copy_from_slice(&copy.as_slice()[offset..offset + dst.len()]);
+            return Ok(());
+        }
+        match entry.kind {
+            Kind::Permuted { heads } => {
+                let rows = entry.shape.first().copied().unwrap_or(0);
+                pread::permuted(&stored, rows, heads, offset, dst)
+            }
+            Kind::Mapped | Kind::Realigned => pread::plain(&stored, offset, dst),
+        }
     }
 }

@@ -15,7 +15,9 @@
 //! library (Python or Rust) always are (the header is padded to 8 bytes and tensors are sorted
 //! by decreasing alignment). A misaligned F32/F16/BF16 tensor from some other writer is copied
 //! once, at open, into an owned 8-byte-aligned buffer, so it still works at the cost of that
-//! tensor's memory; all other tensors are never copied.
+//! tensor's memory (eagerly, even under `--ram-budget`: such files are rare); all other tensors
+//! are never copied. Each file is kept open beside its map, so a tensor can also be read with
+//! `pread`, bypassing the map (`Weights::locate`).
 
 use super::error::ModelError;
 use crate::overlap::{Span, first_overlap};
@@ -75,8 +77,8 @@ enum Storage {
     /// `start..end` of the file's mapping.
     Mapped { start: usize, end: usize },
     /// A copy made because the mapped bytes were misaligned; `len` bytes at the start of the
-    /// buffer (8-byte aligned, since it is a `u64` slice).
-    Copied { buf: Box<[u64]>, len: usize },
+    /// buffer (8-byte aligned, since it is a `u64` slice). The file holds them at `start`.
+    Copied { buf: Box<[u64]>, len: usize, start: usize },
 }
 
 #[derive(Debug)]
@@ -93,6 +95,8 @@ struct Entry {
 #[derive(Debug)]
 struct WeightFile {
     path: PathBuf,
+    /// The open file `map` was made from, for reads that bypass the map (`read_range`).
+    file: File,
     map: Mmap,
 }
 
@@ -132,7 +136,7 @@ impl Weights {
                     tensors: HashMap::new(),
                     weight_map: HashMap::new(),
                 };
-                w.add_file(single, &file)?;
+                w.add_file(single, file)?;
                 return Ok(w);
             }
             Err(e) if e.is_not_found() => {}
@@ -209,7 +213,7 @@ impl Weights {
             let path = dir.join(name);
             // "names shard X, but <path> does not exist / is a FIFO, not a regular file / ..."
             let file = files::open(&path).map_err(|e| bad(format!("names shard {name}, but {e}")))?;
-            w.add_file(path, &file)?;
+            w.add_file(path, file)?;
         }
         Ok(w)
     }
@@ -217,7 +221,7 @@ impl Weights {
     /// Maps one file (`file`, opened from `path` by [`files::open`], so a regular file),
     /// validates its header and registers its tensors. A tensor already registered from an
     /// earlier file is kept unless the index places it in this one.
-    fn add_file(&mut self, path: PathBuf, file: &File) -> Result<(), ModelError> {
+    fn add_file(&mut self, path: PathBuf, file: File) -> Result<(), ModelError> {
         let file_idx = self.files.len();
         let io = |source| ModelError::Io {
             path: path.clone(),
@@ -236,7 +240,7 @@ impl Weights {
         // SAFETY: the mapping is read-only. The file is treated as immutable while the model is
         // loaded (changing it meanwhile is not supported, as with any memory-mapped loader);
         // every access below is bounds-checked against `map.len()`, not the size read above.
-        let map = unsafe { Mmap::map(file) }.map_err(io)?;
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let total = map.len() as u64;
         let Some(prefix) = map.get(..8) else {
             return Err(not_st(format!(
@@ -397,6 +401,7 @@ impl Weights {
                 Some(dtype) if !(map.as_ptr() as usize + start).is_multiple_of(dtype.size()) => Storage::Copied {
                     buf: aligned_copy(&map[start..end]),
                     len,
+                    start,
                 },
                 _ => Storage::Mapped { start, end },
             };
@@ -415,7 +420,7 @@ impl Weights {
                 );
             }
         }
-        self.files.push(WeightFile { path, map });
+        self.files.push(WeightFile { path, file, map });
         Ok(())
     }
 
@@ -485,7 +490,7 @@ impl Weights {
         let file = &self.files[entry.file];
         let data: &[u8] = match &entry.storage {
             Storage::Mapped { start, end } => &file.map[*start..*end],
-            Storage::Copied { buf, len } => {
+            Storage::Copied { buf, len, .. } => {
                 // SAFETY: `buf` holds at least `len` initialised bytes (see `aligned_copy`),
                 // any byte pattern is a valid `u8`, and the borrow is tied to `self`, which
                 // owns the buffer.
@@ -510,6 +515,26 @@ impl Weights {
             }
             other => other,
         }
+    }
+
+    /// Where the tensor a spec names ([`Weights::lookup`]) lies in its file: the index of the
+    /// file (for [`Weights::file_at`]) and the absolute offset of its first byte.
+    pub(crate) fn locate(&self, name: &str) -> Result<(usize, u64), ModelError> {
+        let t = self.lookup(name)?;
+        let missing = || ModelError::MissingTensor {
+            tensor: name.to_string(),
+            searched: self.searched(name),
+        };
+        let entry = self.tensors.get(t.name).ok_or_else(missing)?;
+        let start = match entry.storage {
+            Storage::Mapped { start, .. } | Storage::Copied { start, .. } => start,
+        };
+        Ok((entry.file, start as u64))
+    }
+
+    /// The open file number `idx` (see [`Weights::locate`]) and its path.
+    pub(crate) fn file_at(&self, idx: usize) -> Option<(&File, &Path)> {
+        self.files.get(idx).map(|f| (&f.file, f.path.as_path()))
     }
 
     /// Checks one required tensor's presence, shape (as stored, see
