@@ -38,14 +38,24 @@ import hashlib
 import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import importlib.util
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+_machine_spec = importlib.util.spec_from_file_location("bench_machine", pathlib.Path(_here) / "bench_machine.py")
+_machine = importlib.util.module_from_spec(_machine_spec)
+_machine_spec.loader.exec_module(_machine)
+cpu_name = _machine.cpu_name
+
+
+def loadavg():
+    return _machine.loadavg()[0]
+
+
 WORK = pathlib.Path(os.environ.get("KILN_SCRIPTS_CACHE", pathlib.Path.home() / ".cache" / "kiln-scripts"))
 
 
@@ -234,23 +244,6 @@ def kiln_prompt_ids(kiln, model, n):
     if r.returncode != 0:
         sys.exit(f"kiln bench --print-prompt failed: {r.stderr}")
     return json.loads(r.stdout)
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def loadavg():
-    try:
-        return float(open("/proc/loadavg").read().split()[0])
-    except OSError:
-        return float("nan")
 
 
 def main():

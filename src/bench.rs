@@ -179,9 +179,17 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             "embedding_gathered": p.embed == kiln_core::budget::Placement::Streamed,
         })
     });
-    let streamed_per_token = (!streamed.is_empty()).then(|| median(&mut streamed.clone()));
+    // Without a budget nothing goes through the streamer (page faults are the kernel's): null.
+    let streamed_per_token =
+        (args.build.ram_budget.is_some() && !streamed.is_empty()).then(|| median(&mut streamed.clone()));
     let peak_rss = peak_rss_bytes();
     let weight_bytes: u64 = spec.weights.iter().map(|w| w.bytes() as u64).sum();
+    let footprint = kiln_core::budget::Footprint::of(
+        &spec,
+        session.engine.prefill_block(),
+        session.engine.ctx(),
+        session.engine.slots(),
+    );
 
     let report = json!({
         "model": session.dir.display().to_string(),
@@ -218,6 +226,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "streamed_bytes_per_token": streamed_per_token,
         "peak_rss_bytes": peak_rss,
         "weight_bytes": weight_bytes,
+        "kv_bytes": footprint.kv,
+        "activation_bytes": footprint.activations,
     });
     if args.json {
         outln!("{report}")?;

@@ -2,11 +2,11 @@
 
 use crate::commands::human_bytes;
 use kiln_core::ModelSpec;
-use kiln_core::budget::{BudgetPlan, Placement, head_chunk_rows};
+use kiln_core::budget::{BudgetPlan, Footprint, Placement, head_chunk_rows};
 use serde_json::{Value, json};
 
 /// The plan in lines of text, each starting with a column label.
-pub fn describe(plan: &BudgetPlan, spec: &ModelSpec, budget: u64, kv: u64, ctx: usize) -> Vec<String> {
+pub fn describe(plan: &BudgetPlan, spec: &ModelSpec, budget: u64, f: &Footprint, ctx: usize) -> Vec<String> {
     let resident = plan.layers.iter().filter(|&&l| l == Placement::Resident).count();
     let head = match (plan.head, head_chunk_rows(spec)) {
         (Placement::Resident, _) => "resident".to_string(),
@@ -24,7 +24,7 @@ pub fn describe(plan: &BudgetPlan, spec: &ModelSpec, budget: u64, kv: u64, ctx: 
         format!(
             "budget       {} for weights and the KV cache ({} for {ctx} positions)",
             human_bytes(budget),
-            human_bytes(kv)
+            human_bytes(f.kv)
         ),
         format!(
             "resident     {resident} of {} layers, {} of weights",
@@ -43,6 +43,11 @@ pub fn describe(plan: &BudgetPlan, spec: &ModelSpec, budget: u64, kv: u64, ctx: 
     }
     lines.push(format!("peak         {} planned", human_bytes(plan.peak_bytes)));
     lines.push(format!(
+        "outside      {} of activations for a prefill block of {} rows, plus the code, tokenizer and heap",
+        human_bytes(f.activations),
+        f.block_rows
+    ));
+    lines.push(format!(
         "disk/token   {} read from disk per decoded token",
         human_bytes(plan.streamed_per_token)
     ));
@@ -50,10 +55,11 @@ pub fn describe(plan: &BudgetPlan, spec: &ModelSpec, budget: u64, kv: u64, ctx: 
 }
 
 /// The plan as JSON (`kiln info --json`).
-pub fn to_json(plan: &BudgetPlan, budget: u64, kv: u64) -> Value {
+pub fn to_json(plan: &BudgetPlan, budget: u64, f: &Footprint) -> Value {
     json!({
         "ram_budget_bytes": budget,
-        "kv_bytes": kv,
+        "kv_bytes": f.kv,
+        "activation_bytes": f.activations,
         "resident_layers": plan.layers.iter().filter(|&&l| l == Placement::Resident).count(),
         "layers": plan.layers.len(),
         "head_streamed": plan.head == Placement::Streamed,

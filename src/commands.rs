@@ -356,8 +356,8 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
     let budget = match (opts.budget_plan(spec)?, opts.ram_budget) {
         (Some(plan), Some(bytes)) => {
             let ctx = loaded.ctx(&opts)?;
-            let kv = kiln_core::budget::Footprint::of(spec, options.prefill_rows, ctx, 1).kv;
-            Some((plan, bytes, kv, ctx))
+            let footprint = kiln_core::budget::Footprint::of(spec, options.prefill_rows, ctx, 1);
+            Some((plan, bytes, footprint, ctx))
         }
         _ => None,
     };
@@ -376,7 +376,7 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
                 "kernels": kernels,
                 "cache_key": key.to_string(),
                 "cache_state": state,
-                "budget_plan": budget.as_ref().map(|(p, b, kv, _)| crate::budget::to_json(p, *b, *kv)),
+                "budget_plan": budget.as_ref().map(|(p, b, f, _)| crate::budget::to_json(p, *b, f)),
             })
         )?;
         return Ok(());
@@ -432,8 +432,8 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
     )?;
     outln!("cache key    {key}")?;
     outln!("cache        {state}")?;
-    if let Some((plan, bytes, kv, ctx)) = &budget {
-        for line in crate::budget::describe(plan, spec, *bytes, *kv, *ctx) {
+    if let Some((plan, bytes, footprint, ctx)) = &budget {
+        for line in crate::budget::describe(plan, spec, *bytes, footprint, *ctx) {
             outln!("{line}")?;
         }
     }

@@ -38,6 +38,8 @@ pub struct Footprint {
     pub kv: u64,
     /// Rows one call can embed: a gathered table touches at most this many rows' pages.
     pub block_rows: u64,
+    /// Activation buffers of one prefill block (outside the budget, reported beside it).
+    pub activations: u64,
 }
 
 /// Where a unit's weights come from.
@@ -144,18 +146,8 @@ pub fn plan(f: &Footprint, budget: u64) -> Result<BudgetPlan, TooSmall> {
     } else {
         return Err(too_small);
     };
-    let mut room = budget - base - buffers as u64 * unit;
-    // Units that may stay: layers by index, then the head (usize::MAX).
-    let mut candidates: Vec<(u64, usize)> = f.layers.iter().enumerate().map(|(i, &b)| (b, i)).collect();
-    candidates.push((f.head, usize::MAX));
-    candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut kept = BTreeSet::new();
-    for (bytes, i) in candidates {
-        if bytes <= room {
-            room -= bytes;
-            kept.insert(i);
-        }
-    }
+    let room = budget - base - buffers as u64 * unit;
+    let kept = keep_most(&f.layers, f.head, room);
     let place = |i| {
         if kept.contains(&i) {
             Placement::Resident
@@ -190,15 +182,45 @@ pub fn plan(f: &Footprint, budget: u64) -> Result<BudgetPlan, TooSmall> {
     })
 }
 
+/// The units (layer indices, `usize::MAX` for the head) that keep the most bytes resident
+/// within `room`: layers largest first, once with the head kept and once without, whichever
+/// keeps more (fewer bytes streamed per token). Keeping the head only when it pays makes the
+/// resident bytes grow with the budget; largest-first alone would drop several layers for
+/// the head the moment it fits.
+fn keep_most(layers: &[u64], head: u64, room: u64) -> BTreeSet<usize> {
+    let fill = |mut room: u64, mut kept: BTreeSet<usize>| {
+        let mut order: Vec<usize> = (0..layers.len()).collect();
+        order.sort_by(|&a, &b| layers[b].cmp(&layers[a]).then(a.cmp(&b)));
+        let mut bytes = 0;
+        for i in order {
+            if layers[i] <= room {
+                room -= layers[i];
+                bytes += layers[i];
+                kept.insert(i);
+            }
+        }
+        (bytes, kept)
+    };
+    let (without, layers_only) = fill(room, BTreeSet::new());
+    if head > room {
+        return layers_only;
+    }
+    let (with, with_head) = fill(room - head, BTreeSet::from([usize::MAX]));
+    if with + head > without { with_head } else { layers_only }
+}
+
 /// Rows of one streamed head chunk: as many as fit in the model's largest layer (at least 64,
 /// a multiple of 64, at most the vocabulary), so streaming the head needs no larger buffer
 /// than streaming a layer. A function of the spec alone: it is compiled into the head's chunk
 /// kernels, so one library serves every budget.
 pub fn head_chunk_rows(spec: &ModelSpec) -> Option<usize> {
-    let head = head_weight(spec)?;
-    let t = spec.weight(head);
+    chunk_rows(spec, &units(spec))
+}
+
+fn chunk_rows(spec: &ModelSpec, u: &Units) -> Option<usize> {
+    let t = spec.weight(u.head?);
     let row = t.row_bytes().max(1) as u64;
-    let largest = units(spec).layers.iter().copied().max().unwrap_or(0);
+    let largest = u.layers.iter().copied().max().unwrap_or(0);
     let rows = ((largest / row) as usize / 64 * 64).max(64);
     Some(rows.min(t.shape[0]))
 }
@@ -271,16 +293,18 @@ impl Footprint {
         let u = units(spec);
         let bytes = |id: Option<WeightId>| id.map_or(0, |w| spec.weight(w).bytes() as u64);
         let tied = u.table.is_some() && u.table == u.head;
-        let head_chunk = match (u.head, head_chunk_rows(spec)) {
+        let head_chunk = match (u.head, chunk_rows(spec, &u)) {
             (Some(h), Some(rows)) => (rows * spec.weight(h).row_bytes()) as u64,
             _ => 0,
         };
-        let kv = spec
-            .buffers
-            .iter()
-            .filter(|b| b.rows == Rows::Cache)
-            .map(|b| (b.row_bytes() * ctx * slots) as u64)
-            .sum();
+        let sum = |rows: Rows, n: usize| -> u64 {
+            spec.buffers
+                .iter()
+                .filter(|b| b.rows == rows)
+                .map(|b| (b.row_bytes() * n) as u64)
+                .sum()
+        };
+        let kv = sum(Rows::Cache, ctx * slots);
         Footprint {
             head: bytes(u.head),
             head_chunk,
@@ -290,6 +314,7 @@ impl Footprint {
             fixed: u.fixed.iter().map(|&w| spec.weight(w).bytes() as u64).sum(),
             kv,
             block_rows: block_rows as u64,
+            activations: sum(Rows::Block, block_rows),
             layers: u.layers,
         }
     }

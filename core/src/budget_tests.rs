@@ -21,6 +21,7 @@ fn untied() -> Footprint {
         fixed: MIB,
         kv: 12 * MIB,
         block_rows: 64,
+        activations: 3 * MIB,
     }
 }
 
@@ -83,6 +84,29 @@ fn peak_never_exceeds_the_budget() {
             assert!(p.streamed_per_token <= last_streamed, "budget {budget}");
             last_streamed = p.streamed_per_token;
             budget += 3 * MIB + 17;
+        }
+    }
+}
+
+/// With equal layers (every dense model) the plan keeps the most bytes the room allows: the
+/// head only when it beats the layers it displaces. Checked against all choices for heads
+/// smaller, equal and larger than a layer and rooms around every multiple of them.
+#[test]
+fn keeps_the_most_bytes_the_room_allows() {
+    let layer = 10 * MIB;
+    for head in [7 * MIB, 10 * MIB, 35 * MIB, 136 * MIB] {
+        let layers = vec![layer; 24];
+        for room in (0..300 * MIB).step_by(MIB as usize / 2) {
+            let kept = keep_most(&layers, head, room);
+            let bytes: u64 = kept.iter().map(|&i| if i == usize::MAX { head } else { layer }).sum();
+            let best_without = (room / layer).min(24) * layer;
+            let best_with = if head <= room {
+                head + ((room - head) / layer).min(24) * layer
+            } else {
+                0
+            };
+            assert!(bytes <= room, "head {head} room {room}");
+            assert_eq!(bytes, best_without.max(best_with), "head {head} room {room}");
         }
     }
 }

@@ -36,6 +36,16 @@ pub trait WeightSource: Send + Sync {
         unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
+
+    /// Where weight `id` is stored: (which file, byte offset in it), for sources read from
+    /// files. The streamer reads a unit's weights in this order: a disk reads a layer's
+    /// tensors about twice as fast in file order as in the model's order (measured 3.0 against
+    /// 1.5 GB/s), since the kernel's readahead follows sequential reads only. `None` (the
+    /// default) for weights held in memory.
+    fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
+        let _ = id;
+        None
+    }
 }
 
 /// Run-time choices that do not change the compiled code.
@@ -214,8 +224,9 @@ impl Engine {
                 config.profile,
             )
         };
-        let head = match (head_streamed, options.head_chunk_rows) {
-            (true, Some(rows)) => graph::chunked_head_graph(spec, rows),
+        // A streamed head always has chunk rows here: `Streaming::new` refuses it otherwise.
+        let head = match options.head_chunk_rows {
+            Some(rows) if head_streamed => graph::chunked_head_graph(spec, rows),
             _ => graph::head_graph(spec),
         };
         let prefill = Plans {

@@ -93,7 +93,12 @@ pub struct Streamer {
 impl Streamer {
     /// A streamer of `units` (the first `layer_units` of them the layers, in order, the rest the
     /// head's chunks) through `buffers` buffers of the largest unit's size, reading from `source`.
-    pub fn new(units: Vec<Unit>, layer_units: usize, buffers: usize, source: Arc<dyn WeightSource>) -> Streamer {
+    pub fn new(mut units: Vec<Unit>, layer_units: usize, buffers: usize, source: Arc<dyn WeightSource>) -> Streamer {
+        // Each unit is read in file order (see `WeightSource::stored_at`); where each piece
+        // lands in the buffer does not change.
+        for u in &mut units {
+            u.pieces.sort_by_key(|p| (source.stored_at(p.weight), p.from));
+        }
         let size = units.iter().map(Unit::bytes).max().unwrap_or(0).max(64);
         let n = buffers.max(1);
         let shared = Arc::new(Shared {
@@ -355,3 +360,7 @@ impl Gather {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;

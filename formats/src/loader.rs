@@ -303,6 +303,10 @@ impl WeightSource for SafetensorsWeights {
             None => pread::plain(&stored, offset, dst),
         }
     }
+
+    fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
+        self.slot(id).ok().map(|s| (s.file, s.start))
+    }
 }
 
 /// `dst.len()` bytes at `offset` of `buf`, a copy of the tensor `stored` describes.
@@ -328,6 +332,13 @@ impl WeightSource for Dequantized {
             Some((b, _)) => Ok(b.as_ptr() as *const u8),
             None => self.inner.weight_ptr(id),
         }
+    }
+
+    fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
+        if self.bufs.contains_key(&id) {
+            return None;
+        }
+        self.inner.stored_at(id)
     }
 
     /// A converted tensor from its buffer; any other as [`GgufWeights`] reads it (`pread`).

@@ -107,13 +107,12 @@ impl Streaming {
 
     /// Where `kernel`'s argument `w` is, if not in place.
     pub fn resolve(&self, spec: &ModelSpec, kernel: &Kernel, w: WeightRef) -> Result<Option<Resolved>, String> {
+        let row_bytes = spec.weight(w.id).row_bytes();
         if let (Some(g), Kernel::Embed { .. }) = (&self.gather, kernel)
             && Some(w.id) == self.table
         {
-            let row = spec.weight(w.id).row_bytes();
-            return Ok(Some(Resolved::Weight(g.table_ptr().wrapping_add(w.row0 * row))));
+            return Ok(Some(Resolved::Weight(g.table_ptr().wrapping_add(w.row0 * row_bytes))));
         }
-        let row_bytes = spec.weight(w.id).row_bytes();
         Ok(match self.homes.get(&w.id) {
             None => None,
             Some(&Home::Unit { unit, at }) => Some(Resolved::Streamed {

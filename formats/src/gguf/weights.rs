@@ -409,4 +409,8 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
             Kind::Mapped | Kind::Realigned => pread::plain(&stored, offset, dst),
         }
     }
+
+    fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
+        self.entry(id).ok().map(|e| (e.part, e.start as u64))
+    }
 }
