@@ -3,7 +3,7 @@
 
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
-                                   [--quant Q4_K_M] [--avx2]
+                                   [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
 
 Sets up from PyPI what it needs (`llama-cpp-python`, `gguf`, and llama.cpp's
 `convert_hf_to_gguf.py` taken from the llama-cpp-python source distribution), converts the
@@ -199,8 +199,9 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 path, threads, prompt, gen = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+kv = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "bf16": llama_cpp.GGML_TYPE_BF16}[sys.argv[5]]
 llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(prompt) + gen + 16,
-            n_batch=512, n_ubatch=512, verbose=False, use_mmap=True)
+            n_batch=512, n_ubatch=512, verbose=False, use_mmap=True, type_k=kv, type_v=kv)
 n_vocab = llm.n_vocab()
 def last():  # the last token's logits (llm.scores is only filled with logits_all)
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
@@ -220,17 +221,19 @@ print(json.dumps({"prefill_tok_s": p, "decode_tok_s": d, "system_info": info}))
 """
 
 
-def run_llama(gguf_path, threads, prompt, gen, lib_dir=None):
+def run_llama(gguf_path, threads, prompt, gen, kv_dtype, lib_dir=None):
     env = dict(os.environ)
     if lib_dir:
         env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
-    r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen)],
+    r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen),
+                        kv_dtype],
                        capture_output=True, text=True, check=True, env=env)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_kiln(kiln, model, threads, prompt_tokens, gen, target_cpu=None):
+def run_kiln(kiln, model, threads, prompt_tokens, gen, kv_dtype, target_cpu=None):
     extra = ["--target-cpu", target_cpu] if target_cpu else []
+    extra += ["--kv-dtype", kv_dtype, "--ctx", str(prompt_tokens + gen + 16)]
     r = subprocess.run([kiln, "bench", str(model), "--prompt-tokens", str(prompt_tokens), "--gen-tokens", str(gen),
                         "--reps", "1", "--threads", str(threads), "--json", *extra], capture_output=True, text=True)
     if r.returncode != 0:
@@ -259,6 +262,8 @@ def main():
     ap.add_argument("--quant", default=None, metavar="FTYPE",
                     help="quantise the GGUF with llama.cpp's quantiser first (Q4_K_M, Q4_0, Q5_K_M, Q6_K, Q8_0, ...); "
                          "both engines then read that file")
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "bf16"],
+                    help="KV cache type of both engines (default f32, Kiln's default; llama.cpp's own is f16)")
     ap.add_argument("--avx2", action="store_true",
                     help="compare the AVX2 code of both: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2")
     args = ap.parse_args()
@@ -278,8 +283,9 @@ def main():
     target_cpu = "x86-64-v3" if args.avx2 else None
     lib_dir = llama_avx2_libs(version) if args.avx2 else None
     engines = {
-        "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens, target_cpu),
-        "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens, lib_dir),
+        "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens, args.kv_dtype,
+                                 target_cpu),
+        "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens, args.kv_dtype, lib_dir),
     }
     results = {name: [] for name in engines}
     loads = [loadavg()]
@@ -301,6 +307,8 @@ def main():
     label = args.label or ((given.stem if given.suffix == ".gguf" else given.name) + (f"-{args.quant}" if args.quant else ""))
     if args.avx2:
         label += "-avx2"
+    if args.kv_dtype != "f32":
+        label += f"-kv{args.kv_dtype}"
     llama_isa = " | ".join(f for f in results["llama.cpp"][-1].get("system_info", "").split(" | ")
                            if f.startswith(("AVX", "FMA", "F16C", "AMX")) and f.endswith("= 1")) or "n/a"
     lines = [
@@ -315,6 +323,7 @@ def main():
         f"{'built here for AVX2 (' + str(lib_dir) + ')' if lib_dir else 'as pip built it'}, reporting {llama_isa}",
         f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
         f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
+        f"- KV cache: {args.kv_dtype} in both engines",
         "",
         "| engine | prefill tok/s (median) | decode tok/s (median) | runs (prefill / decode) |",
         "|---|---:|---:|---|",

@@ -227,6 +227,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "peak_rss_bytes": peak_rss,
         "weight_bytes": weight_bytes,
         "kv_bytes": footprint.kv,
+        "kv_dtype": spec.kv_elem().name(),
         "activation_bytes": footprint.activations,
     });
     if args.json {

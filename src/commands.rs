@@ -374,6 +374,7 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
                 "eos_token_ids": loaded.eos_token_ids,
                 "bos_token_id": loaded.bos_token_id,
                 "kernels": kernels,
+                "kv_dtype": spec.kv_elem().name(),
                 "cache_key": key.to_string(),
                 "cache_state": state,
                 "budget_plan": budget.as_ref().map(|(p, b, f, _)| crate::budget::to_json(p, *b, f)),
@@ -407,6 +408,11 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
         .map(|r| format!(", rope theta {} ({})", r.theta, r.scaling.name()))
         .unwrap_or_else(|| ", learned positions".into());
     outln!("context      {} positions{rope}", spec.dims.max_position_embeddings)?;
+    outln!(
+        "kv cache     {}, {} per position",
+        spec.kv_elem().name(),
+        human_bytes(spec.kv_bytes_per_position() as u64)
+    )?;
     outln!(
         "embeddings   {}",
         if spec.tied_embeddings() { "tied" } else { "untied" }

@@ -307,6 +307,10 @@ struct BuildArgs {
     /// fit are read from disk each time they are used. Output is identical at any budget.
     #[arg(long, value_name = "SIZE", value_parser = kiln_core::budget::parse_size)]
     ram_budget: Option<u64>,
+    /// Store the KV cache as f32 (the default: exact), f16 or bf16 (half the memory and the
+    /// bytes attention reads; keys and values rounded to nearest as they are stored).
+    #[arg(long, value_name = "TYPE", value_parser = kiln_core::spec::Elem::parse_kv)]
+    kv_dtype: Option<kiln_core::spec::Elem>,
 }
 
 impl BuildArgs {
@@ -318,6 +322,7 @@ impl BuildArgs {
             dequantize: self.dequantize,
             target_cpu: self.target_cpu,
             ram_budget: self.ram_budget,
+            kv_dtype: self.kv_dtype,
         }
         .checked(self.threads_oversubscribe)
     }

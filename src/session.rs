@@ -50,6 +50,8 @@ pub struct OpenOptions {
     pub slots: usize,
     /// `--ram-budget`: bytes the weights and the KV cache may hold (`kiln_core::budget`).
     pub ram_budget: Option<u64>,
+    /// `--kv-dtype`: how the KV cache stores keys and values (f32 unless given).
+    pub kv_dtype: Option<kiln_core::spec::Elem>,
 }
 
 /// What every command that opens a model takes from the command line (`--threads`,
@@ -61,6 +63,7 @@ pub struct BuildChoices {
     pub dequantize: Option<kiln_core::DType>,
     pub target_cpu: Option<String>,
     pub ram_budget: Option<u64>,
+    pub kv_dtype: Option<kiln_core::spec::Elem>,
 }
 
 impl BuildChoices {
@@ -98,6 +101,7 @@ impl BuildChoices {
             dequantize: self.dequantize,
             target_cpu: self.target_cpu.clone(),
             ram_budget: self.ram_budget,
+            kv_dtype: self.kv_dtype,
             ..OpenOptions::default()
         }
     }
@@ -416,9 +420,13 @@ impl PreparedModel {
                 page_in: opts.page_in && opts.ram_budget.is_none(),
             },
         )?;
+        let mut spec = m.spec;
+        if let Some(elem) = opts.kv_dtype {
+            spec.set_kv_elem(elem);
+        }
         let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") && opts.ram_budget.is_none() {
-            let resident = kiln_engine::resident::ResidentWeights::copy_from(&m.spec, weights.as_ref())
+            let resident = kiln_engine::resident::ResidentWeights::copy_from(&spec, weights.as_ref())
                 .map_err(anyhow::Error::msg)?;
             weights = Arc::new(resident);
         }
@@ -427,7 +435,7 @@ impl PreparedModel {
             format: m.format,
             architecture: m.architecture,
             bos_token_id: m.bos_token_id,
-            spec: m.spec,
+            spec,
             tokenizer: m.tokenizer,
             eos_token_ids: m.eos_token_ids,
             sampling: m.sampling,

@@ -681,6 +681,64 @@ impl<'c, 'a> Kb<'c, 'a> {
             q => unreachable!("{q} weights have no element-wise load"),
         }
     }
+    /// Stores `lanes` f32 (a vector, or a scalar for 1) into a memref of `dtype`: as they are
+    /// for f32, rounded to nearest even for f16 or bf16 (as `vcvtps2ph` and `vcvtneps2bf16`
+    /// round).
+    pub fn store_as(
+        &self,
+        value: Value<'c, '_>,
+        lanes: usize,
+        dtype: DType,
+        mem: Value<'c, '_>,
+        idx: &[Value<'c, '_>],
+    ) {
+        let narrow = match dtype {
+            DType::F32 => return self.store(value, mem, idx),
+            DType::F16 => {
+                let t = if lanes == 1 {
+                    self.ty("f16")
+                } else {
+                    self.vec_ty(lanes, "f16")
+                };
+                self.op1("arith.truncf", &[value], t, &[])
+            }
+            DType::BF16 => self.round_to_bf16(value, lanes),
+            q => unreachable!("a {q} value cannot be stored element-wise"),
+        };
+        self.store(narrow, mem, idx);
+    }
+    /// f32 → bf16, to nearest even, in integer arithmetic: `(bits + 0x7fff + lsb) >> 16`, a NaN
+    /// made a quiet NaN. What `vcvtneps2bf16` computes, spelled out because without AVX512-BF16
+    /// LLVM lowers `arith.truncf` to bf16 into a call of compiler-rt's `__truncsfbf2`, which a
+    /// kernel library does not link.
+    fn round_to_bf16(&self, v: Value<'c, '_>, lanes: usize) -> Value<'c, 'a> {
+        let int = |x: i64| {
+            if lanes == 1 {
+                self.op1(
+                    "arith.constant",
+                    &[],
+                    self.ty("i32"),
+                    &[("value", self.attr(&format!("{x} : i32")))],
+                )
+            } else {
+                self.int_splat(x, lanes, "i32")
+            }
+        };
+        let bits = self.bitcast(v, "i32");
+        let lsb = self.andi(self.shrui(bits, int(16)), int(1));
+        let rounded = self.shrui(self.addi(bits, self.addi(int(0x7fff), lsb)), int(16));
+        let quiet_nan = self.ori(self.shrui(bits, int(16)), int(64));
+        // `uno`: true where either operand is NaN.
+        let nan_ty = if lanes == 1 {
+            self.ty("i1")
+        } else {
+            self.vec_ty(lanes, "i1")
+        };
+        let is_nan = self.op1("arith.cmpf", &[v, v], nan_ty, &[("predicate", self.attr("14 : i64"))]);
+        let picked = self.select(is_nan, quiet_nan, rounded);
+        let half = self.op1("arith.trunci", &[picked], self.retyped(v, "i16"), &[]);
+        self.bitcast(half, "bf16")
+    }
     /// Loads `n` consecutive bytes as a `vector<nxi8>` (no alignment assumed).
     pub fn load_bytes(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
         let mut ops = vec![mem];

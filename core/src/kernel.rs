@@ -121,6 +121,10 @@ pub enum Kernel {
         qk_norm: Option<QkNorm>,
         ctx: usize,
         max_rows: usize,
+        /// How the caches store keys and values (`--kv-dtype`): f32, f16 or bf16, rounded to
+        /// nearest even as they are written.
+        #[serde(default = "f32_kv", skip_serializing_if = "is_f32")]
+        kv: DType,
     },
     /// Causal grouped-query attention of each row over its slot's cache rows `[start, p]`,
     /// where `p` is the row's position and `start = max(0, p + 1 - window)` with a sliding
@@ -139,6 +143,9 @@ pub enum Kernel {
         softcap: Option<F32Bits>,
         ctx: usize,
         max_rows: usize,
+        /// How the caches store keys and values, widened to f32 as they are read.
+        #[serde(default = "f32_kv", skip_serializing_if = "is_f32")]
+        kv: DType,
     },
     /// `g[r, i] = act(g[r, i]) * u[r, i]`, in place.
     /// Args: `g: f32[max_rows, dim]`, `u: f32[max_rows, dim]`.
@@ -265,17 +272,19 @@ impl Kernel {
                 heads,
                 kv_heads,
                 head_dim,
+                kv,
                 ..
-            } => rows * (2 * heads + 6 * kv_heads) * head_dim * f,
+            } => rows * ((2 * heads + 4 * kv_heads) * head_dim * f + 2 * kv.bytes_for(kv_heads * head_dim)),
             Kernel::Attention {
                 heads,
                 kv_heads,
                 head_dim,
                 window,
+                kv,
                 ..
             } => {
                 let keys = attended_keys(rows, pos, *window);
-                rows * 2 * heads * head_dim * f + keys * 2 * kv_heads * head_dim * f
+                rows * 2 * heads * head_dim * f + keys * 2 * kv.bytes_for(kv_heads * head_dim)
             }
             Kernel::GatedAct { dim, .. } | Kernel::Add { dim, .. } => rows * 3 * dim * f,
             Kernel::ProbeRead { elems } => elems * f,
@@ -357,11 +366,13 @@ impl Kernel {
                 head_dim,
                 qk_norm,
                 rotary,
+                kv,
                 ..
             } => format!(
-                "h{heads}_kv{kv_heads}_d{head_dim}{}{}",
+                "h{heads}_kv{kv_heads}_d{head_dim}{}{}{}",
                 rotary.as_ref().map(|r| format!("_r{}", r.dims)).unwrap_or_default(),
-                flag(qk_norm.is_some(), "_qknorm")
+                flag(qk_norm.is_some(), "_qknorm"),
+                kv_tag(*kv)
             ),
             Kernel::Attention {
                 heads,
@@ -369,11 +380,13 @@ impl Kernel {
                 head_dim,
                 window,
                 softcap,
+                kv,
                 ..
             } => format!(
-                "h{heads}_kv{kv_heads}_d{head_dim}{}{}",
+                "h{heads}_kv{kv_heads}_d{head_dim}{}{}{}",
                 window.map(|w| format!("_w{w}")).unwrap_or_default(),
-                flag(softcap.is_some(), "_cap")
+                flag(softcap.is_some(), "_cap"),
+                kv_tag(*kv)
             ),
             Kernel::GatedAct { act, dim, .. } => format!("{}_d{dim}", act.name()),
             Kernel::Add { dim, .. } => format!("d{dim}"),
@@ -388,6 +401,21 @@ impl Kernel {
         };
         format!("kiln_{}_{shape}_{regime}_{short}", self.family())
     }
+}
+
+/// Serde default of a kernel's KV storage type: f32 (left out of the descriptor, so kernels
+/// of the default cache keep their names and keys).
+fn f32_kv() -> DType {
+    DType::F32
+}
+
+fn is_f32(d: &DType) -> bool {
+    *d == DType::F32
+}
+
+/// The symbol suffix of a KV storage type other than f32.
+fn kv_tag(kv: DType) -> String {
+    if is_f32(&kv) { String::new() } else { format!("_kv{kv}") }
 }
 
 /// Cache rows the attention of `rows` rows starting at `pos` reads, summed over the rows (each

@@ -97,12 +97,54 @@ impl Tensor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BufId(pub u32);
 
-/// Element type of a buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Element type of a buffer. Activations are f32 (token ids and row info i32); a KV cache may
+/// be stored narrower (`--kv-dtype`), converted to f32 as the attention reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Elem {
+    #[default]
     F32,
     I32,
+    F16,
+    Bf16,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::F16 | Elem::Bf16 => 2,
+        }
+    }
+
+    /// The storage type of a KV cache of this element type (`None` for i32).
+    pub fn kv_dtype(self) -> Option<DType> {
+        match self {
+            Elem::F32 => Some(DType::F32),
+            Elem::F16 => Some(DType::F16),
+            Elem::Bf16 => Some(DType::BF16),
+            Elem::I32 => None,
+        }
+    }
+
+    /// Parses a `--kv-dtype` value: `f32`, `f16` or `bf16`.
+    pub fn parse_kv(text: &str) -> Result<Elem, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Elem::F32),
+            "f16" | "float16" | "half" => Ok(Elem::F16),
+            "bf16" | "bfloat16" => Ok(Elem::Bf16),
+            _ => Err(format!("--kv-dtype {text:?}: expected f32, f16 or bf16")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::I32 => "i32",
+            Elem::F16 => "f16",
+            Elem::Bf16 => "bf16",
+        }
+    }
 }
 
 /// How many rows a buffer has.
@@ -128,7 +170,7 @@ pub struct Buffer {
 
 impl Buffer {
     pub fn row_bytes(&self) -> usize {
-        self.row_len * 4
+        self.row_len * self.elem.bytes()
     }
 }
 
@@ -177,6 +219,29 @@ pub struct ModelSpec {
 impl ModelSpec {
     pub fn num_layers(&self) -> usize {
         self.dims.num_layers
+    }
+    /// Stores every KV cache as `elem` (f32, f16 or bf16): `--kv-dtype`. The caches' element
+    /// type is part of the spec, hence of the cache key and of the kernels that touch them.
+    pub fn set_kv_elem(&mut self, elem: Elem) {
+        assert!(elem.kv_dtype().is_some(), "a KV cache holds floats");
+        for b in self.buffers.iter_mut().filter(|b| b.rows == Rows::Cache) {
+            b.elem = elem;
+        }
+    }
+    /// Bytes the KV caches of all layers hold for one position of one sequence.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.buffers
+            .iter()
+            .filter(|b| b.rows == Rows::Cache)
+            .map(Buffer::row_bytes)
+            .sum()
+    }
+    /// The element type of the KV caches (f32 unless [`ModelSpec::set_kv_elem`] changed it).
+    pub fn kv_elem(&self) -> Elem {
+        self.buffers
+            .iter()
+            .find(|b| b.rows == Rows::Cache)
+            .map_or(Elem::F32, |b| b.elem)
     }
     pub fn weight(&self, id: WeightId) -> &Tensor {
         &self.weights[id.0 as usize]

@@ -16,7 +16,7 @@
 
 use super::{Dyn, max_index, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
-use kiln_core::Kernel;
+use kiln_core::{DType, Kernel};
 use melior::ir::Value;
 
 pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
@@ -28,6 +28,7 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         scale,
         softcap,
         ctx,
+        kv,
         ..
     } = kernel
     else {
@@ -40,6 +41,7 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
     let a = Attn {
         kc,
         vc,
+        kv: *kv,
         lanes,
         nvec: dim / lanes,
         scale: scale.get(),
@@ -134,6 +136,8 @@ fn heads_together(group: usize, lanes: usize) -> usize {
 struct Attn<'c, 'a> {
     kc: Value<'c, 'a>,
     vc: Value<'c, 'a>,
+    /// How the caches store keys and values (widened to f32 as they are loaded).
+    kv: DType,
     lanes: usize,
     nvec: usize,
     scale: f32,
@@ -246,7 +250,7 @@ impl<'c, 'a> Attn<'c, 'a> {
             .map(|&row| {
                 let mut dot = b.zero_like(lanes);
                 for (i, &qi) in qv.iter().enumerate() {
-                    let kv = b.load_f32(self.kc, &[row, b.idx(i * lanes)], lanes);
+                    let kv = b.load_weight(self.kc, &[row, b.idx(i * lanes)], lanes, self.kv);
                     dot = b.fma(qi, kv, dot);
                 }
                 dot
@@ -275,7 +279,7 @@ impl<'c, 'a> Attn<'c, 'a> {
             let wj = b.splat_lane(pw, j);
             let set = (j % sets) * self.nvec;
             for i in 0..self.nvec {
-                let vv = b.load_f32(self.vc, &[row, b.idx(i * lanes)], lanes);
+                let vv = b.load_weight(self.vc, &[row, b.idx(i * lanes)], lanes, self.kv);
                 acc[set + i] = b.fma(wj, vv, acc[set + i]);
             }
         }
@@ -303,7 +307,7 @@ impl<'c, 'a> Attn<'c, 'a> {
             let mut dot = b.zero_like(lanes);
             let row = b.addi(kv_base, j);
             for (i, &qi) in qv.iter().enumerate() {
-                let kv = b.load_f32(self.kc, &[row, b.idx(i * lanes)], lanes);
+                let kv = b.load_weight(self.kc, &[row, b.idx(i * lanes)], lanes, self.kv);
                 dot = b.fma(qi, kv, dot);
             }
             let s = self.score(b, b.mulf(b.reduce_add(dot), scale_c));
@@ -318,7 +322,7 @@ impl<'c, 'a> Attn<'c, 'a> {
             };
             let mut next = vec![m_new, l_new];
             for i in 0..self.nvec {
-                let vv = b.load_f32(self.vc, &[row, b.idx(i * lanes)], lanes);
+                let vv = b.load_weight(self.vc, &[row, b.idx(i * lanes)], lanes, self.kv);
                 next.push(b.fma(c_new_v, vv, b.mulf(st[2 + i], c_old_v)));
             }
             next

@@ -233,14 +233,15 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             qk_norm,
             ctx,
             max_rows,
+            kv,
             ..
         } => {
             let mut v = vec![
                 memref(&[*max_rows, heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
                 memref(&[*max_rows, kv_heads * head_dim], "f32"),
-                kv_cache(*kv_heads, *ctx, *head_dim),
-                kv_cache(*kv_heads, *ctx, *head_dim),
+                kv_cache(*kv_heads, *ctx, *head_dim, *kv),
+                kv_cache(*kv_heads, *ctx, *head_dim, *kv),
             ];
             if let Some(n) = qk_norm {
                 v.push(memref(&[*head_dim], elem(n.q_dtype)));
@@ -255,11 +256,12 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             head_dim,
             ctx,
             max_rows,
+            kv,
             ..
         } => vec![
             memref(&[*max_rows, heads * head_dim], "f32"),
-            kv_cache(*kv_heads, *ctx, *head_dim),
-            kv_cache(*kv_heads, *ctx, *head_dim),
+            kv_cache(*kv_heads, *ctx, *head_dim, *kv),
+            kv_cache(*kv_heads, *ctx, *head_dim, *kv),
             memref(&[*max_rows, heads * head_dim], "f32"),
             row_info(*max_rows),
         ],
@@ -274,8 +276,8 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
 
 /// A KV cache as the kernels address it: every slot's heads, each `ctx` rows of `head_dim`
 /// (row `(slot * kv_heads + head) * ctx + position`).
-fn kv_cache(kv_heads: usize, ctx: usize, head_dim: usize) -> String {
-    memref(&[abi::MAX_SLOTS * kv_heads * ctx, head_dim], "f32")
+fn kv_cache(kv_heads: usize, ctx: usize, head_dim: usize, kv: DType) -> String {
+    memref(&[abi::MAX_SLOTS * kv_heads * ctx, head_dim], elem(kv))
 }
 
 /// The per-row positions and slots (`kiln_core::graph::RowInfo`).

@@ -31,6 +31,7 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
         qk_norm,
         rotary,
         ctx,
+        kv,
         ..
     } = kernel
     else {
@@ -90,8 +91,8 @@ pub fn emit_rope_kv<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: 
                     let cache_row = b.addi(b.muli(slot_head, b.idx(*ctx)), position);
                     b.for_each(lo, hi, step, |b, i| {
                         let c = b.addi(c0, i);
-                        b.store(b.load_f32(k, &[r, c], lanes), kc, &[cache_row, i]);
-                        b.store(b.load_f32(v, &[r, c], lanes), vc, &[cache_row, i]);
+                        b.store_as(b.load_f32(k, &[r, c], lanes), lanes, *kv, kc, &[cache_row, i]);
+                        b.store_as(b.load_f32(v, &[r, c], lanes), lanes, *kv, vc, &[cache_row, i]);
                     });
                 });
             });

@@ -91,6 +91,7 @@ fn rope(rotary: Option<Rotary>, qk: Option<NormKind>, max_rows: usize) -> Kernel
         }),
         ctx: CTX,
         max_rows,
+        kv: DType::F32,
     }
 }
 
@@ -104,6 +105,7 @@ fn attention(scale: f32, softcap: Option<f32>, window: Option<usize>) -> Kernel 
         softcap: softcap.map(F32Bits::new),
         ctx: CTX,
         max_rows: ROWS,
+        kv: DType::F32,
     }
 }
 

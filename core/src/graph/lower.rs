@@ -15,6 +15,7 @@
 
 use super::op::{Norm, Op, OpKind, norm_weights};
 use super::{Arg, Graph, ROW_INFO};
+use crate::dtype::DType;
 use crate::kernel::{Kernel, PositionTable, QkNorm};
 use crate::ops::{Act, NormShape};
 use crate::spec::{BufId, ModelSpec, Rows, WeightId, WeightRef};
@@ -253,6 +254,7 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 }),
                 ctx,
                 max_rows,
+                kv: kv_dtype(spec, *k_cache),
             };
             let mut args: Vec<Arg> = [q, k, v, k_cache, v_cache].iter().map(|&&b| Arg::Buf(b)).collect();
             if let Some(n) = qk_norm {
@@ -282,6 +284,7 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 softcap: *softcap,
                 ctx,
                 max_rows,
+                kv: kv_dtype(spec, *k_cache),
             },
             vec![
                 Arg::Buf(*q),
@@ -455,4 +458,9 @@ fn fusable_gate_up<'a>(
         return None;
     }
     Some((pg, pu))
+}
+
+/// How a KV cache is stored (checked to be a float type by `ModelSpec::validate`).
+fn kv_dtype(spec: &ModelSpec, cache: BufId) -> DType {
+    spec.buffer(cache).elem.kv_dtype().unwrap_or(DType::F32)
 }

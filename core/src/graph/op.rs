@@ -222,9 +222,7 @@ impl OpKind {
                 for b in [k, v] {
                     ck.buf(*b, Some(kv_heads * head_dim), Elem::F32)?;
                 }
-                for c in [k_cache, v_cache] {
-                    ck.cache(*c, kv_heads * head_dim)?;
-                }
+                ck.caches(*k_cache, *v_cache, kv_heads * head_dim)?;
                 if let Some(r) = rotary {
                     let pairs = r.dims / 2;
                     if r.dims == 0 || r.dims % 2 != 0 || r.dims > *head_dim {
@@ -258,9 +256,7 @@ impl OpKind {
                 ck.heads(*heads, *kv_heads, *head_dim)?;
                 ck.buf(*q, Some(heads * head_dim), Elem::F32)?;
                 ck.buf(*out, Some(heads * head_dim), Elem::F32)?;
-                for c in [k_cache, v_cache] {
-                    ck.cache(*c, kv_heads * head_dim)?;
-                }
+                ck.caches(*k_cache, *v_cache, kv_heads * head_dim)?;
                 if *window == Some(0) {
                     return Err("a sliding window must hold at least one position".into());
                 }
@@ -311,10 +307,20 @@ impl Checker<'_> {
             _ => Ok(()),
         }
     }
+    /// A key and a value cache of rows of `width`, stored as the same float type.
+    fn caches(&self, k: BufId, v: BufId, width: usize) -> Result<(), String> {
+        self.cache(k, width)?;
+        self.cache(v, width)?;
+        let (kb, vb) = (self.buffer(k)?, self.buffer(v)?);
+        if kb.elem != vb.elem {
+            return Err(format!("KV caches {} and {} hold different types", kb.name, vb.name));
+        }
+        Ok(())
+    }
     fn cache(&self, id: BufId, width: usize) -> Result<(), String> {
         let b = self.buffer(id)?;
-        if b.rows != Rows::Cache || b.row_len != width {
-            return Err(format!("buffer {} is not a KV cache of rows of {width}", b.name));
+        if b.rows != Rows::Cache || b.row_len != width || b.elem.kv_dtype().is_none() {
+            return Err(format!("buffer {} is not a KV cache of rows of {width} floats", b.name));
         }
         Ok(())
     }
