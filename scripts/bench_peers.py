@@ -5,8 +5,10 @@
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
                                    [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
 
-Sets up from PyPI what it needs (`llama-cpp-python`, `gguf`, and llama.cpp's
-`convert_hf_to_gguf.py` taken from the llama-cpp-python source distribution), converts the
+Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their native build, `gguf`,
+and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
+distribution; llama.cpp itself is built here with cmake, `GGML_NATIVE` for this CPU or AVX2 only
+with `--avx2`, once, cached under $KILN_SCRIPTS_CACHE), converts the
 Hugging Face folder to GGUF at the same storage type (bf16 for bf16 weights), then measures both
 engines interleaved: each repetition runs one fresh process per engine, the order rotated every
 repetition, with a short rest between runs. Both engines get the same synthetic prompt token ids
@@ -68,22 +70,25 @@ def pip_install(*pkgs):
 
 
 def ensure_llama_cpp():
+    """llama-cpp-python's Python bindings (and `gguf`, `sentencepiece` for the converter); returns
+    its version. The bindings are installed without their native build (`LLAMA_BUILD=OFF`, seconds
+    instead of ~20 minutes): the libraries they load come from `llama_libs`, built here from the
+    same version's vendored sources for the instruction set being compared."""
+    import importlib.metadata
     try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        log("installing llama-cpp-python from PyPI (builds llama.cpp from source; several minutes)")
-        pip_install("llama-cpp-python")
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        pip_install("gguf")
-    try:
-        # convert_hf_to_gguf.py imports it before falling back to tokenizer.json for Qwen.
-        import sentencepiece  # noqa: F401
-    except ImportError:
-        pip_install("sentencepiece")
-    import llama_cpp
-    return llama_cpp.__version__
+        version = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        log("installing llama-cpp-python's bindings from PyPI (without its native build)")
+        env = dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "llama-cpp-python==0.3.36"], check=True, env=env)
+        version = importlib.metadata.version("llama-cpp-python")
+    for module, package in (("gguf", "gguf"), ("sentencepiece", "sentencepiece")):
+        # convert_hf_to_gguf.py imports sentencepiece before falling back to tokenizer.json for Qwen.
+        try:
+            __import__(module)
+        except ImportError:
+            pip_install(package)
+    return version
 
 
 def llama_cpp_dir(version):
@@ -111,33 +116,39 @@ def cmake_program():
     return str(beside) if beside.exists() else (shutil.which("cmake") or sys.exit("cmake not found after pip install"))
 
 
-# llama.cpp's CPU backend for AVX2 machines (Haswell and later, AMD Zen): no AVX-512, no VNNI.
-AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-              "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
-              "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF"]
+# llama.cpp's CPU backend per instruction set: `native` is what its own build picks for this CPU
+# (GGML_NATIVE, as pip's build does); `avx2` is for AVX2 machines (Haswell and later, AMD Zen):
+# no AVX-512, no VNNI.
+LLAMA_FLAGS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+             "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF"],
+}
 
 
-def llama_avx2_libs(version):
-    """The folder of libllama and its ggml libraries built for AVX2 from the sources llama-cpp-python
-    `version` vendors (its Python bindings load them from there: LLAMA_CPP_LIB_PATH). The build's
-    own `bin` folder, where cmake links them next to each other: copies elsewhere would still
-    find their ggml libraries through the RUNPATH cmake gives them."""
-    build = WORK / f"llama-cpp-{version}-avx2-build"
+def llama_libs(version, isa):
+    """The folder of libllama and its ggml libraries built for `isa` (`native` or `avx2`) from the
+    sources llama-cpp-python `version` vendors (its Python bindings load them from there:
+    LLAMA_CPP_LIB_PATH). The build's own `bin` folder, where cmake links them next to each
+    other: copies elsewhere would still find their ggml libraries through the RUNPATH cmake
+    gives them."""
+    build = WORK / f"llama-cpp-{version}-{isa}-build"
     libs = build / "bin"
     if (libs / "libllama.so").exists():
         return libs
     src = llama_cpp_dir(version)
     cmake = cmake_program()
-    log(f"building llama.cpp {version} for AVX2 in {build} (about 10 minutes on 2 cores)")
+    log(f"building llama.cpp {version} ({isa}) in {build} (about 10 minutes on 2 cores)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", *AVX2_FLAGS],
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", *LLAMA_FLAGS[isa]],
                    check=True, stdout=subprocess.DEVNULL)
     # libllama.so is linked last, so its presence means the build finished.
     subprocess.run([cmake, "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)],
                    check=True, stdout=subprocess.DEVNULL)
     if not (libs / "libllama.so").exists():
-        sys.exit(f"the AVX2 build of llama.cpp made no {libs / 'libllama.so'}")
+        sys.exit(f"the {isa} build of llama.cpp made no {libs / 'libllama.so'}")
     return libs
 
 
@@ -150,7 +161,7 @@ sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params))
 """
 
 
-def quantise(gguf_path, ftype):
+def quantise(gguf_path, ftype, lib_dir):
     """`gguf_path` quantised to `ftype` (Q4_K_M, Q8_0, ...) by llama.cpp's own quantiser, cached."""
     st = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
@@ -161,7 +172,8 @@ def quantise(gguf_path, ftype):
     tmp = out.with_suffix(".partial")
     log(f"quantising {gguf_path.name} to {ftype} with llama.cpp's quantiser")
     subprocess.run([sys.executable, "-c", QUANTISER, str(gguf_path), str(tmp), ftype], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir)))
     tmp.rename(out)
     return out
 
@@ -221,10 +233,8 @@ print(json.dumps({"prefill_tok_s": p, "decode_tok_s": d, "system_info": info}))
 """
 
 
-def run_llama(gguf_path, threads, prompt, gen, kv_dtype, lib_dir=None):
-    env = dict(os.environ)
-    if lib_dir:
-        env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+def run_llama(gguf_path, threads, prompt, gen, kv_dtype, lib_dir):
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir))
     r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen),
                         kv_dtype],
                        capture_output=True, text=True, check=True, env=env)
@@ -270,18 +280,19 @@ def main():
 
     model = pathlib.Path(args.model).resolve()
     version = ensure_llama_cpp()
+    isa = "avx2" if args.avx2 else "native"
+    lib_dir = llama_libs(version, isa)
     if model.suffix == ".gguf":
         gguf_path, outtype = model, "gguf"
     else:
         gguf_path, outtype = to_gguf(model, version)
     if args.quant:
-        gguf_path, outtype = quantise(gguf_path, args.quant), args.quant
+        gguf_path, outtype = quantise(gguf_path, args.quant, lib_dir), args.quant
         model = gguf_path
     prompt = kiln_prompt_ids(args.kiln, model, args.prompt_tokens)
     assert len(prompt) == args.prompt_tokens
 
     target_cpu = "x86-64-v3" if args.avx2 else None
-    lib_dir = llama_avx2_libs(version) if args.avx2 else None
     engines = {
         "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens, args.kv_dtype,
                                  target_cpu),
@@ -320,7 +331,7 @@ def main():
         f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}",
         f"- model: `{model}`; llama.cpp reads `{gguf_path.name}` ({outtype}); llama-cpp-python {version}",
         f"- code: Kiln {'--target-cpu ' + target_cpu if target_cpu else 'for this CPU'}; llama.cpp "
-        f"{'built here for AVX2 (' + str(lib_dir) + ')' if lib_dir else 'as pip built it'}, reporting {llama_isa}",
+        f"built here ({isa}: {' '.join(LLAMA_FLAGS[isa])}; {lib_dir}), reporting {llama_isa}",
         f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
         f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
         f"- KV cache: {args.kv_dtype} in both engines",
