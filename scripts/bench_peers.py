@@ -211,7 +211,7 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 path, threads, prompt, gen = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
-kv = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "bf16": llama_cpp.GGML_TYPE_BF16}[sys.argv[5]]
+kv = {"f32": 0, "f16": 1, "bf16": 30}[sys.argv[5]]  # ggml_type: GGML_TYPE_F32, _F16, _BF16 (not all exported)
 llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(prompt) + gen + 16,
             n_batch=512, n_ubatch=512, verbose=False, use_mmap=True, type_k=kv, type_v=kv)
 n_vocab = llm.n_vocab()
@@ -237,7 +237,10 @@ def run_llama(gguf_path, threads, prompt, gen, kv_dtype, lib_dir):
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir))
     r = subprocess.run([sys.executable, "-c", LLAMA_RUNNER, str(gguf_path), str(threads), json.dumps(prompt), str(gen),
                         kv_dtype],
-                       capture_output=True, text=True, check=True, env=env)
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        tail = "\n".join(r.stderr.strip().splitlines()[-5:])
+        sys.exit(f"llama.cpp run failed (exit {r.returncode}) on {gguf_path.name}:\n{tail}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
