@@ -482,6 +482,7 @@ impl PreparedModel {
             }
             other => other?,
         };
+        release_freed_heap();
         Ok(Session {
             dir,
             eos_token_ids,
@@ -491,6 +492,19 @@ impl PreparedModel {
             library,
             open_seconds: started.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// Hands the heap's free pages back to the system once the model is open. glibc keeps freed
+/// heap memory for reuse, so the tokenizer's parsed JSON (~30 MB for a 32k vocabulary) and a
+/// cold compile's work would otherwise stay resident beside the weights for the whole run:
+/// memory `--ram-budget` users count.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; no live allocation is
+    // touched, and it is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
