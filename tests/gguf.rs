@@ -10,32 +10,12 @@
 use kiln::session::{OpenOptions, Session};
 use kiln_core::DType;
 use kiln_text::sampler::argmax;
-use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt: String,
-    prompt_token_ids: Vec<u32>,
-    greedy_token_ids: Vec<u32>,
-    last_logits: Vec<f32>,
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn cache_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("temp cache")).path()
-}
+#[path = "common/goldens.rs"]
+mod goldens;
+use goldens::{Golden, cache_dir, fixtures_dir as fixtures};
 
 fn open(file: &str, dequantize: Option<DType>) -> Session {
     let opts = OpenOptions {

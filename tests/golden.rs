@@ -11,59 +11,12 @@
 use kiln::session::{OpenOptions, Session};
 use kiln_text::sampler::argmax;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+
+#[path = "common/goldens.rs"]
+mod goldens;
+use goldens::{cache_dir, fixture, golden, longrope_original, max_abs_diff, models};
 
 const LOGIT_TOLERANCE: f32 = 1e-3;
-
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt: String,
-    prompt_token_ids: Vec<u32>,
-    greedy_token_ids: Vec<u32>,
-    last_logits: Vec<f32>,
-}
-
-/// Every fixture folder with a `golden.json` (one per architecture variant), sorted: adding a
-/// fixture adds it to the checks below. The Llama-family four must be among them, so a moved
-/// folder cannot make the checks pass on nothing.
-fn models() -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .expect("tests/fixtures")
-        .map(|e| e.expect("fixture entry").path())
-        .filter(|p| p.join("golden.json").is_file())
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    for known in ["llama", "mistral", "qwen2", "qwen3"] {
-        assert!(
-            names.iter().any(|n| n == known),
-            "fixture {known} missing from {names:?}"
-        );
-    }
-    names
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn golden(name: &str) -> Golden {
-    let text = std::fs::read_to_string(fixture(name).join("golden.json")).expect("golden.json");
-    serde_json::from_str(&text).expect("golden.json parses")
-}
-
-/// One cache folder for the whole test binary, so each library is compiled once.
-fn cache_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("temp cache")).path()
-}
 
 fn open(name: &str, threads: usize, prefill_rows: Option<usize>) -> Session {
     open_with(name, threads, prefill_rows, None)
@@ -87,11 +40,6 @@ fn open_opts(name: &str, opts: OpenOptions) -> Session {
         ..opts
     };
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "logit vectors differ in length");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// Greedy continuation of `n` tokens, ignoring EOS (as the goldens were recorded).
@@ -294,17 +242,6 @@ fn decode_after_prefill(session: &mut Session, ids: &[u32], first: usize) -> Vec
         out.push(session.engine.decode(t).unwrap().to_vec());
     }
     out
-}
-
-/// The pretraining context of a LongRoPE model, past which it takes its long factors.
-fn longrope_original(spec: &kiln_core::ModelSpec) -> Option<usize> {
-    match spec.rope.as_ref().map(|r| &r.scaling) {
-        Some(kiln_core::rope::RopeScaling::LongRope {
-            original_max_position_embeddings,
-            ..
-        }) => Some(*original_max_position_embeddings),
-        _ => None,
-    }
 }
 
 #[derive(Deserialize)]

@@ -11,22 +11,11 @@
 use kiln::session::{OpenOptions, Session};
 use kiln_core::spec::Elem;
 use kiln_text::sampler::argmax;
-use serde::Deserialize;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt_token_ids: Vec<u32>,
-    greedy_token_ids: Vec<u32>,
-    last_logits: Vec<f32>,
-}
+#[path = "common/goldens.rs"]
+mod goldens;
+use goldens::{cache_dir, fixture, golden, longrope_original, max_abs_diff, models};
 
 /// Largest |logit difference| from float32 allowed at the last prompt position: keys and
 /// values rounded to 11 (f16) or 8 (bf16) significant bits. Measured on the fixtures (Zen 5,
@@ -46,33 +35,6 @@ fn near_tie(elem: Elem) -> f32 {
     logit_bound(elem)
 }
 
-fn fixtures() -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .expect("tests/fixtures")
-        .map(|e| e.expect("fixture entry").path())
-        .filter(|p| p.join("golden.json").is_file())
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert!(names.len() >= 4, "fixtures missing: {names:?}");
-    names
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn golden(name: &str) -> Golden {
-    let text = std::fs::read_to_string(fixture(name).join("golden.json")).expect("golden.json");
-    serde_json::from_str(&text).expect("golden.json parses")
-}
-
-fn cache_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("temp cache")).path()
-}
-
 fn open(name: &str, kv: Option<Elem>) -> Session {
     open_for(name, kv, None)
 }
@@ -88,10 +50,6 @@ fn open_for(name: &str, kv: Option<Elem>, target_cpu: Option<&str>) -> Session {
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
 /// Logits after prefilling `prompt` and decoding each of `forced` in turn (the last of them
 /// not decoded): the distribution each greedy step chose from.
 fn steps(session: &mut Session, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
@@ -105,7 +63,7 @@ fn steps(session: &mut Session, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>>
 
 #[test]
 fn narrow_caches_stay_close_to_transformers() {
-    for name in fixtures() {
+    for name in models() {
         let mut exact = open(&name, None);
         for elem in [Elem::F16, Elem::Bf16] {
             let mut narrow = open(&name, Some(elem));
@@ -167,7 +125,7 @@ fn narrow_caches_in_avx2_code_stay_close_to_transformers() {
 
 #[test]
 fn narrow_caches_prefill_and_decode_agree() {
-    for name in fixtures() {
+    for name in models() {
         let case = golden(&name)
             .cases
             .into_iter()
@@ -198,17 +156,6 @@ fn narrow_caches_prefill_and_decode_agree() {
                 );
             }
         }
-    }
-}
-
-/// The pretraining context of a LongRoPE model, past which it takes its long factors.
-fn longrope_original(spec: &kiln_core::ModelSpec) -> Option<usize> {
-    match spec.rope.as_ref().map(|r| &r.scaling) {
-        Some(kiln_core::rope::RopeScaling::LongRope {
-            original_max_position_embeddings,
-            ..
-        }) => Some(*original_max_position_embeddings),
-        _ => None,
     }
 }
 
