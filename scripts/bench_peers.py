@@ -4,6 +4,7 @@
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
                                    [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
+                                   [--precision exact|bf16]
 
 Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their native build, `gguf`,
 and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
@@ -244,8 +245,9 @@ def run_llama(gguf_path, threads, prompt, gen, kv_dtype, lib_dir):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_kiln(kiln, model, threads, prompt_tokens, gen, kv_dtype, target_cpu=None):
+def run_kiln(kiln, model, threads, prompt_tokens, gen, kv_dtype, precision, target_cpu=None):
     extra = ["--target-cpu", target_cpu] if target_cpu else []
+    extra += ["--precision", precision]
     extra += ["--kv-dtype", kv_dtype, "--ctx", str(prompt_tokens + gen + 16)]
     r = subprocess.run([kiln, "bench", str(model), "--prompt-tokens", str(prompt_tokens), "--gen-tokens", str(gen),
                         "--reps", "1", "--threads", str(threads), "--json", *extra], capture_output=True, text=True)
@@ -277,6 +279,8 @@ def main():
                          "both engines then read that file")
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "bf16"],
                     help="KV cache type of both engines (default f32, Kiln's default; llama.cpp's own is f16)")
+    ap.add_argument("--precision", default="exact", choices=["exact", "bf16"],
+                    help="Kiln's matmul arithmetic over bf16 weights (kiln --precision; default exact)")
     ap.add_argument("--avx2", action="store_true",
                     help="compare the AVX2 code of both: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2")
     args = ap.parse_args()
@@ -298,7 +302,7 @@ def main():
     target_cpu = "x86-64-v3" if args.avx2 else None
     engines = {
         "kiln": lambda: run_kiln(args.kiln, model, args.threads, args.prompt_tokens, args.gen_tokens, args.kv_dtype,
-                                 target_cpu),
+                                 args.precision, target_cpu),
         "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens, args.kv_dtype, lib_dir),
     }
     results = {name: [] for name in engines}
@@ -323,6 +327,8 @@ def main():
         label += "-avx2"
     if args.kv_dtype != "f32":
         label += f"-kv{args.kv_dtype}"
+    if args.precision != "exact":
+        label += f"-{args.precision}"
     llama_isa = " | ".join(f for f in results["llama.cpp"][-1].get("system_info", "").split(" | ")
                            if f.startswith(("AVX", "FMA", "F16C", "AMX")) and f.endswith("= 1")) or "n/a"
     lines = [
@@ -337,7 +343,7 @@ def main():
         f"built here ({isa}: {' '.join(LLAMA_FLAGS[isa])}; {lib_dir}), reporting {llama_isa}",
         f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
         f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
-        f"- KV cache: {args.kv_dtype} in both engines",
+        f"- KV cache: {args.kv_dtype} in both engines; Kiln --precision {args.precision}",
         "",
         "| engine | prefill tok/s (median) | decode tok/s (median) | runs (prefill / decode) |",
         "|---|---:|---:|---|",

@@ -311,6 +311,10 @@ struct BuildArgs {
     /// bytes attention reads; keys and values rounded to nearest as they are stored).
     #[arg(long, value_name = "TYPE", value_parser = kiln_core::spec::Elem::parse_kv)]
     kv_dtype: Option<kiln_core::spec::Elem>,
+    /// Matmuls over bf16 weights: exact (f32 products, the default) or bf16 (activations
+    /// rounded to bf16, pairs of products summed by AVX512-BF16's vdpbf16ps: faster prefill).
+    #[arg(long, value_name = "MODE", value_parser = kiln_core::Precision::parse, default_value = "exact")]
+    precision: kiln_core::Precision,
 }
 
 impl BuildArgs {
@@ -323,6 +327,7 @@ impl BuildArgs {
             target_cpu: self.target_cpu,
             ram_budget: self.ram_budget,
             kv_dtype: self.kv_dtype,
+            precision: self.precision,
         }
         .checked(self.threads_oversubscribe)
     }

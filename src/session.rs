@@ -7,7 +7,7 @@
 use crate::output::errln;
 use anyhow::{Context as _, Result, anyhow};
 use kiln_cache::{BuildOutput, Cache, CacheError, Key, Status};
-use kiln_core::{CompileOptions, HostCpu, ModelSpec, abi};
+use kiln_core::{CompileOptions, HostCpu, ModelSpec, Precision, abi};
 use kiln_engine::engine::{Engine, EngineConfig, EngineError, WeightSource};
 use kiln_engine::library::{KernelLibrary, LibraryError};
 use kiln_formats::hub;
@@ -52,6 +52,8 @@ pub struct OpenOptions {
     pub ram_budget: Option<u64>,
     /// `--kv-dtype`: how the KV cache stores keys and values (f32 unless given).
     pub kv_dtype: Option<kiln_core::spec::Elem>,
+    /// `--precision`: how matmuls over bf16 weights multiply (exact f32 unless given).
+    pub precision: Precision,
 }
 
 /// What every command that opens a model takes from the command line (`--threads`,
@@ -64,6 +66,7 @@ pub struct BuildChoices {
     pub target_cpu: Option<String>,
     pub ram_budget: Option<u64>,
     pub kv_dtype: Option<kiln_core::spec::Elem>,
+    pub precision: Precision,
 }
 
 impl BuildChoices {
@@ -102,6 +105,7 @@ impl BuildChoices {
             target_cpu: self.target_cpu.clone(),
             ram_budget: self.ram_budget,
             kv_dtype: self.kv_dtype,
+            precision: self.precision,
             ..OpenOptions::default()
         }
     }
@@ -182,6 +186,18 @@ impl OpenOptions {
             let level = host.x86_level(cpu).map_err(|e| anyhow!("--target-cpu: {e}"))?;
             options.f32_lanes = options.f32_lanes.min(level.f32_lanes);
             options.target_cpu = Some(level.name.to_string());
+        }
+        if self.precision == Precision::Bf16 {
+            if self.target_cpu.is_some() {
+                anyhow::bail!("--precision bf16 needs this CPU's own code (AVX512-BF16), not --target-cpu");
+            }
+            if !host.features.iter().any(|f| f == "avx512_bf16") || options.f32_lanes < 16 {
+                anyhow::bail!(
+                    "--precision bf16 needs a CPU with AVX512-BF16 (vdpbf16ps); {} has none: use --precision exact",
+                    host.model_name
+                );
+            }
+            options.precision = Precision::Bf16;
         }
         Ok(options)
     }

@@ -739,6 +739,22 @@ impl<'c, 'a> Kb<'c, 'a> {
         let half = self.op1("arith.trunci", &[picked], self.retyped(v, "i16"), &[]);
         self.bitcast(half, "bf16")
     }
+    /// Loads `n` consecutive bf16 as they are (a `vector<nxbf16>`).
+    pub fn load_bf16s(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
+        self.load_raw(mem, idx, n, "bf16")
+    }
+    /// Loads `n` consecutive f32 and rounds them to bf16 (to nearest even): the activations
+    /// of `--precision bf16`. Only emitted for CPUs with AVX512-BF16, whose `vcvtne2ps2bf16`
+    /// LLVM selects (elsewhere `arith.truncf` to bf16 would call compiler-rt).
+    pub fn load_as_bf16(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
+        let x = self.load_f32(mem, idx, n);
+        self.op1("arith.truncf", &[x], self.vec_ty(n, "bf16"), &[])
+    }
+    /// `acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1]` per f32 lane of `acc` (`vdpbf16ps`: 16
+    /// lanes, 32 bf16 from each operand; the products are exact, the sums rounded in f32).
+    pub fn dot_bf16_pairs(&self, acc: Value<'c, '_>, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[acc, a, b], acc.r#type())
+    }
     /// Loads `n` consecutive bytes as a `vector<nxi8>` (no alignment assumed).
     pub fn load_bytes(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
         let mut ops = vec![mem];

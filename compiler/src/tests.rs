@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 mod kv;
 mod ops;
+mod precision;
 mod quant;
 
 const H: usize = 64;
@@ -231,6 +232,7 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
             f32_lanes: HostCpu::detect().f32_lanes(),
             target_cpu: None,
             head_chunk_rows: None,
+            precision: kiln_core::Precision::Exact,
         };
         let kernels = kernel_list(&spec, &options);
         Compiled {
@@ -683,6 +685,7 @@ fn matmul_work_split_under_concurrency() {
         f32_lanes: lanes,
         target_cpu: None,
         head_chunk_rows: None,
+        precision: kiln_core::Precision::Exact,
     };
     let lib = TestLib::build(&kernels, &options, None);
     let mut rng = Rng(0x5eed);

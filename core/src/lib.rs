@@ -43,6 +43,38 @@ pub struct CompileOptions {
     /// for a `--ram-budget` that streams the head. Absent (and out of the cache key) otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_chunk_rows: Option<usize>,
+    /// How matmuls over bf16 weights multiply (`--precision`). Absent (and out of the cache
+    /// key) for the default, exact f32.
+    #[serde(default, skip_serializing_if = "Precision::is_exact")]
+    pub precision: Precision,
+}
+
+/// The arithmetic of matmuls over bf16 weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Every product an f32 FMA of the weight's value and the f32 activation: the reference's
+    /// float32 arithmetic (the default).
+    #[default]
+    Exact,
+    /// Activations rounded to bf16 (to nearest even) at each matmul input, products of bf16
+    /// pairs summed into f32 by `vdpbf16ps` (AVX512-BF16): twice the products per instruction.
+    Bf16,
+}
+
+impl Precision {
+    pub fn is_exact(&self) -> bool {
+        *self == Precision::Exact
+    }
+
+    /// Parses a `--precision` value: `exact` (or `f32`) or `bf16`.
+    pub fn parse(text: &str) -> Result<Precision, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "exact" | "f32" => Ok(Precision::Exact),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(format!("--precision {text:?}: expected exact or bf16")),
+        }
+    }
 }
 
 impl CompileOptions {
@@ -56,6 +88,7 @@ impl CompileOptions {
             f32_lanes: cpu.f32_lanes(),
             target_cpu: None,
             head_chunk_rows: None,
+            precision: Precision::Exact,
         }
     }
 }

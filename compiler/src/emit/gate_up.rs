@@ -17,7 +17,14 @@ use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
 
-pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
+pub fn emit_gate_up<'c, 'a>(
+    b: Kb<'c, 'a>,
+    kernel: &Kernel,
+    p: &[Value<'c, 'a>],
+    d: Dyn<'c, 'a>,
+    max_lanes: usize,
+    precision: kiln_core::Precision,
+) {
     let Kernel::GateUp {
         n,
         k,
@@ -48,6 +55,7 @@ pub fn emit_gate_up<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>],
         accumulate: false,
         act: None,
         softcap: None,
+        bf16_pairs: precision == kiln_core::Precision::Bf16,
     };
     let (gate_mm, up_mm) = (projection(gate), projection(up));
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA

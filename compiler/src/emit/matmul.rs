@@ -69,9 +69,22 @@ pub(super) struct MatMul<'c, 'a> {
     pub(super) accumulate: bool,
     pub(super) act: Option<Act>,
     pub(super) softcap: Option<F32Bits>,
+    /// `--precision bf16`: bf16 weights multiply bf16-rounded activations in pairs
+    /// ([`MatMul::pairs`]).
+    pub(super) bf16_pairs: bool,
 }
 
-pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], d: Dyn<'c, 'a>, max_lanes: usize) {
+/// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.
+const PAIR_STEP: usize = 32;
+
+pub fn emit_matmul<'c, 'a>(
+    b: Kb<'c, 'a>,
+    kernel: &Kernel,
+    p: &[Value<'c, 'a>],
+    d: Dyn<'c, 'a>,
+    max_lanes: usize,
+    precision: kiln_core::Precision,
+) {
     let Kernel::MatMul {
         n,
         k,
@@ -112,6 +125,7 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
         accumulate: *accumulate,
         act: *act,
         softcap: *softcap,
+        bf16_pairs: precision == kiln_core::Precision::Bf16,
     };
     let w = p[1];
     if decode {
@@ -124,17 +138,22 @@ pub fn emit_matmul<'c, 'a>(b: Kb<'c, 'a>, kernel: &Kernel, p: &[Value<'c, 'a>], 
     // (whole blocks for quantised ones); the accumulators wait between chunks in `acc`, so
     // each output is still one chain of FMAs in `k` order, as in decode. f32 rows are read
     // as stored.
+    // bf16 pairs read the stored rows as they are (no widening), in chunks of `k` whose rows
+    // stay in L1 while every row tile passes over them.
+    let pairs = m.pairs(*wdtype);
+    let use_scratch = (wdtype.is_quantized() || *wdtype != DType::F32) && !pairs;
     let chunk_bytes = exp_var("KILN_EXP_KCHUNK").unwrap_or(PREFILL_CHUNK_BYTES);
-    let chunk = if wdtype.is_quantized() {
+    let chunk = if pairs {
+        (chunk_bytes / (nb * 2) / PAIR_STEP * PAIR_STEP).clamp(PAIR_STEP, *k)
+    } else if wdtype.is_quantized() {
         let be = wdtype.block_elems();
         (chunk_bytes / (nb * 4) / be * be).clamp(be, *k)
-    } else if *wdtype != DType::F32 {
+    } else if *wdtype != DType::F32 && use_scratch {
         let step = m.lanes;
         (chunk_bytes / (nb * 4) / step * step).clamp(step, *k)
     } else {
         *k
     };
-    let use_scratch = wdtype.is_quantized() || *wdtype != DType::F32;
     let scratch = use_scratch.then(|| b.alloca(&format!("memref<{nb}x{chunk}xf32>")));
     let acc = (chunk < *k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));
     let parts = Part::split(*k, chunk);
@@ -313,6 +332,29 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 _ => b.zero_like(lanes),
             })
             .collect();
+        if let WeightSrc::Stored { w, dtype } = src
+            && self.pairs(dtype)
+        {
+            // bf16 pairs: each row's activations rounded once per step, each weight vector
+            // loaded as stored and multiplied into every row.
+            let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(PAIR_STEP));
+            let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
+                let kx = b.addi(k0, kk);
+                let xs: Vec<Value> = rows
+                    .iter()
+                    .map(|&r| b.load_as_bf16(self.x, &[r, kx], PAIR_STEP))
+                    .collect();
+                let mut next = acc.clone();
+                for j in 0..nb {
+                    let wv = b.load_bf16s(w, &[cols[j], kx], PAIR_STEP);
+                    for (i, &xv) in xs.iter().enumerate() {
+                        next[i * nb + j] = b.dot_bf16_pairs(acc[i * nb + j], xv, wv);
+                    }
+                }
+                next
+            });
+            return self.finish_micro(b, &acc_out, &rows, &cols, part, acc, &parked);
+        }
         let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(lanes));
         let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
             let kx = b.addi(k0, kk);
@@ -329,6 +371,23 @@ impl<'c, 'a> MatMul<'c, 'a> {
             }
             next
         });
+        self.finish_micro(b, &acc_out, &rows, &cols, part, acc, &parked);
+    }
+
+    /// Parks the micro-kernel's accumulators between chunks of `k`, or after the last chunk
+    /// sums each output's lanes (the tree decode uses too) and finishes it.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_micro<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        acc_out: &[Value<'c, 'b>],
+        rows: &[Value<'c, 'b>],
+        cols: &[Value<'c, 'b>],
+        part: Part,
+        acc: Option<Value<'c, '_>>,
+        parked: &dyn Fn(usize, usize) -> [Value<'c, 'b>; 2],
+    ) {
+        let nb = cols.len();
         if !part.last {
             let a = acc.expect("an accumulator buffer when k is split");
             for (ij, &v) in acc_out.iter().enumerate() {
@@ -342,6 +401,12 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 self.finish(b, sums[j], row, col);
             }
         }
+    }
+
+    /// Whether weights of `dtype` are multiplied in bf16 pairs: `--precision bf16`, bf16
+    /// weights, 16-lane vectors (AVX-512) and `k` a whole number of pair steps.
+    pub(super) fn pairs(&self, dtype: DType) -> bool {
+        self.bf16_pairs && dtype == DType::BF16 && self.lanes == 16 && self.k.is_multiple_of(PAIR_STEP)
     }
 }
 

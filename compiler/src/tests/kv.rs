@@ -63,6 +63,7 @@ fn lib(kv: DType, lanes: usize) -> TestLib {
         f32_lanes: lanes,
         target_cpu: None,
         head_chunk_rows: None,
+        precision: kiln_core::Precision::Exact,
     };
     let kernels = [rope_kv(kv, ROWS), rope_kv(kv, 1), attention(kv, ROWS), attention(kv, 1)];
     TestLib::build(&kernels, &options, None)

@@ -191,6 +191,7 @@ fn lib(lanes: usize) -> &'static TestLib {
             f32_lanes: lanes,
             target_cpu: None,
             head_chunk_rows: None,
+            precision: kiln_core::Precision::Exact,
         };
         TestLib::build(&suite(), &options, None)
     })

@@ -100,6 +100,7 @@ fn build(kernels: &[Kernel], lanes: usize) -> TestLib {
         f32_lanes: lanes,
         target_cpu: None,
         head_chunk_rows: None,
+        precision: kiln_core::Precision::Exact,
     };
     TestLib::build(kernels, &options, None)
 }
@@ -374,6 +375,7 @@ fn model_kernels_accepts_quantised_matrices_only() {
         f32_lanes: 8,
         target_cpu: None,
         head_chunk_rows: None,
+        precision: kiln_core::Precision::Exact,
     };
     let set = |s: &mut kiln_core::ModelSpec, name: &str, dtype| {
         let id = s.weight_named(name).expect("a tensor of the test spec");
@@ -456,6 +458,7 @@ fn quant_speed() {
         f32_lanes: lanes,
         target_cpu: (lanes == 8 && host == 16).then(|| "x86-64-v3".to_string()),
         head_chunk_rows: None,
+        precision: kiln_core::Precision::Exact,
     };
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
     let lib = TestLib::build(&kernels, &options, asm.as_deref());
