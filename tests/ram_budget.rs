@@ -126,6 +126,42 @@ fn logits_are_bitwise_the_same_at_every_budget() {
     }
 }
 
+/// The trained demo model (SmolLM2-135M-Instruct, Q4_1 + Q8_0 GGUF, what `kiln run` uses when
+/// no model is named), as `scripts/fetch-demo-model.sh` places it: bitwise the same logits at
+/// the three budgets. Ignored by default because a clean checkout does not have the file.
+#[test]
+#[ignore = "needs the demo model (scripts/fetch-demo-model.sh); run with --ignored"]
+fn the_demo_model_is_bitwise_the_same_at_every_budget() {
+    let models = std::env::var_os("KILN_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let data = std::env::var_os("XDG_DATA_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
+            data.join("kiln/models")
+        });
+    let path = models.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/fetch-demo-model.sh",
+        path.display()
+    );
+    let mut plain = open(&path, None, 1);
+    let ids = prompt(plain.spec.dims.vocab_size, 2 * BLOCK + 5);
+    let reference = bits(&trace(&mut plain, &ids));
+    for b in budgets(&plain) {
+        let mut s = open(&path, Some(b), 1);
+        assert!(
+            bits(&trace(&mut s, &ids)) == reference,
+            "demo model: logits differ at budget {b}"
+        );
+        eprintln!(
+            "demo model: identical at budget {b}, {} bytes streamed",
+            s.engine.streamed_bytes()
+        );
+    }
+}
+
 /// A batched step whose head streams in chunks gives each row the logits of an unbudgeted
 /// batched step (the rows then go through the one-row head one by one).
 #[test]
