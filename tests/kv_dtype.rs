@@ -10,29 +10,23 @@
 
 use kiln::session::{OpenOptions, Session};
 use kiln_core::spec::Elem;
-use kiln_text::sampler::argmax;
 use std::process::{Command, Output};
 
 #[path = "common/goldens.rs"]
 mod goldens;
-use goldens::{cache_dir, fixture, golden, longrope_original, max_abs_diff, models};
+use goldens::{cache_dir, check_near_ties, check_prefill_equals_decode, fixture, golden, max_abs_diff, models, steps};
 
 /// Largest |logit difference| from float32 allowed at the last prompt position: keys and
 /// values rounded to 11 (f16) or 8 (bf16) significant bits. Measured on the fixtures (Zen 5,
-/// 2026-12-03): at most 3.0e-2 with f16 and 1.5e-1 with bf16.
+/// 2026-12-03): at most 3.0e-2 with f16 and 1.5e-1 with bf16. It also bounds the float32
+/// margin at which a greedy step may pick another token (a flip needs the rounding to move the
+/// two logits apart by the margin): f16 picked every token float32 picks; bf16 departed in 8
+/// greedy cases of the 12 fixtures, at margins from 3.1e-3 to 1.3e-1.
 fn logit_bound(elem: Elem) -> f32 {
     match elem {
         Elem::F16 => 5e-2,
         _ => 2e-1,
     }
-}
-
-/// A greedy step may pick another token than float32 only where float32's margin between the
-/// two is within the logit bound (a flip needs the rounding to move the two logits apart by
-/// the margin). Measured: f16 picks every token float32 picks; bf16 departs in 8 greedy
-/// cases (of the 12 fixtures), at margins from 3.1e-3 to 1.3e-1.
-fn near_tie(elem: Elem) -> f32 {
-    logit_bound(elem)
 }
 
 fn open(name: &str, kv: Option<Elem>) -> Session {
@@ -50,17 +44,6 @@ fn open_for(name: &str, kv: Option<Elem>, target_cpu: Option<&str>) -> Session {
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
 }
 
-/// Logits after prefilling `prompt` and decoding each of `forced` in turn (the last of them
-/// not decoded): the distribution each greedy step chose from.
-fn steps(session: &mut Session, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
-    session.engine.reset();
-    let mut out = vec![session.engine.prefill(prompt).expect("prefill").to_vec()];
-    for &t in &forced[..forced.len() - 1] {
-        out.push(session.engine.decode(t).expect("decode").to_vec());
-    }
-    out
-}
-
 #[test]
 fn narrow_caches_stay_close_to_transformers() {
     for name in models() {
@@ -68,34 +51,13 @@ fn narrow_caches_stay_close_to_transformers() {
         for elem in [Elem::F16, Elem::Bf16] {
             let mut narrow = open(&name, Some(elem));
             assert_eq!(narrow.spec.kv_elem(), elem);
-            let mut worst = 0.0f32;
-            for (i, case) in golden(&name).cases.iter().enumerate() {
-                let ids = &case.prompt_token_ids;
-                let want = &case.greedy_token_ids;
-                let got = steps(&mut narrow, ids, want);
-                let diff = max_abs_diff(&got[0], &case.last_logits);
-                worst = worst.max(diff);
-                assert!(
-                    diff <= logit_bound(elem),
-                    "{name} {elem:?} case {i}: logits differ from transformers by {diff}"
-                );
-                // Teacher-forced on the reference's tokens, the first step whose choice
-                // differs must be a near-tie in float32.
-                if let Some(t) = got.iter().zip(want).position(|(l, &w)| argmax(l) as u32 != w) {
-                    let f32_logits = &steps(&mut exact, ids, want)[t];
-                    let chosen = argmax(&got[t]);
-                    let margin = f32_logits[want[t] as usize] - f32_logits[chosen];
-                    eprintln!(
-                        "{name} {elem:?} case {i}: step {t} picks {chosen} instead of {}: float32 margin {margin:e}",
-                        want[t]
-                    );
-                    assert!(
-                        margin <= near_tie(elem),
-                        "{name} {elem:?} case {i}: step {t} departs from transformers at a float32 margin of {margin}"
-                    );
-                }
-            }
-            eprintln!("{name} kv {elem:?}: max |logit diff| from transformers = {worst:e}");
+            check_near_ties(
+                &name,
+                &format!("kv {elem:?}"),
+                &mut exact,
+                &mut narrow,
+                logit_bound(elem),
+            );
         }
     }
 }
@@ -126,35 +88,8 @@ fn narrow_caches_in_avx2_code_stay_close_to_transformers() {
 #[test]
 fn narrow_caches_prefill_and_decode_agree() {
     for name in models() {
-        let case = golden(&name)
-            .cases
-            .into_iter()
-            .max_by_key(|c| c.prompt_token_ids.len())
-            .unwrap();
-        // LongRoPE switches tables once a call passes its original context, and cached keys
-        // keep the rotation they were given: compare only positions before that switch (the
-        // golden tests cover the crossing).
-        let ids = &case.prompt_token_ids;
         for elem in [Elem::F16, Elem::Bf16] {
-            let mut s = open(&name, Some(elem));
-            let ids = &ids[..longrope_original(&s.spec).map_or(ids.len(), |o| o.min(ids.len()))];
-            let decoded = {
-                s.engine.reset();
-                let mut out = vec![s.engine.prefill(&ids[..1]).unwrap().to_vec()];
-                for &t in &ids[1..] {
-                    out.push(s.engine.decode(t).unwrap().to_vec());
-                }
-                out
-            };
-            for t in [1, 7, ids.len() / 2, ids.len() - 1] {
-                s.engine.reset();
-                let prefilled = s.engine.prefill(&ids[..=t]).unwrap().to_vec();
-                assert!(
-                    prefilled == decoded[t],
-                    "{name} {elem:?}: position {t}: prefill and decode logits differ by {}",
-                    max_abs_diff(&prefilled, &decoded[t])
-                );
-            }
+            check_prefill_equals_decode(&name, &format!("kv {elem:?}"), &mut open(&name, Some(elem)));
         }
     }
 }

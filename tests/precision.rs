@@ -10,12 +10,11 @@
 
 use kiln::session::{OpenOptions, Session};
 use kiln_core::Precision;
-use kiln_text::sampler::argmax;
 use std::process::Command;
 
 #[path = "common/goldens.rs"]
 mod goldens;
-use goldens::{cache_dir, fixture, golden, longrope_original, max_abs_diff, models};
+use goldens::{cache_dir, check_near_ties, check_prefill_equals_decode, fixture, models};
 
 /// Largest |logit difference| from float32 at the last prompt position, and the float32
 /// margin below which a greedy step may pick another token. Measured on the fixtures (2-core
@@ -37,16 +36,6 @@ fn open(name: &str, precision: Precision) -> Session {
     Session::open(&fixture(name), &opts).unwrap_or_else(|e| panic!("opening {name}: {e:#}"))
 }
 
-/// Logits after prefilling `prompt` and decoding each of `forced` but the last in turn.
-fn steps(session: &mut Session, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
-    session.engine.reset();
-    let mut out = vec![session.engine.prefill(prompt).expect("prefill").to_vec()];
-    for &t in &forced[..forced.len() - 1] {
-        out.push(session.engine.decode(t).expect("decode").to_vec());
-    }
-    out
-}
-
 #[test]
 fn bf16_precision_stays_close_to_transformers() {
     if !has_bf16() {
@@ -56,31 +45,7 @@ fn bf16_precision_stays_close_to_transformers() {
     for name in models() {
         let mut exact = open(&name, Precision::Exact);
         let mut fast = open(&name, Precision::Bf16);
-        let mut worst = 0.0f32;
-        for (i, case) in golden(&name).cases.iter().enumerate() {
-            let (ids, want) = (&case.prompt_token_ids, &case.greedy_token_ids);
-            let got = steps(&mut fast, ids, want);
-            let diff = max_abs_diff(&got[0], &case.last_logits);
-            worst = worst.max(diff);
-            assert!(
-                diff <= LOGIT_BOUND,
-                "{name} case {i}: logits differ from transformers by {diff}"
-            );
-            if let Some(t) = got.iter().zip(want).position(|(l, &w)| argmax(l) as u32 != w) {
-                let f32_logits = &steps(&mut exact, ids, want)[t];
-                let chosen = argmax(&got[t]);
-                let margin = f32_logits[want[t] as usize] - f32_logits[chosen];
-                eprintln!(
-                    "{name} case {i}: step {t} picks {chosen} instead of {}: float32 margin {margin:e}",
-                    want[t]
-                );
-                assert!(
-                    margin <= LOGIT_BOUND,
-                    "{name} case {i}: step {t} departs from transformers at a float32 margin of {margin}"
-                );
-            }
-        }
-        eprintln!("{name} precision bf16: max |logit diff| from transformers = {worst:e}");
+        check_near_ties(&name, "precision bf16", &mut exact, &mut fast, LOGIT_BOUND);
     }
 }
 
@@ -91,28 +56,7 @@ fn bf16_precision_prefill_and_decode_agree() {
         return;
     }
     for name in models() {
-        let case = golden(&name)
-            .cases
-            .into_iter()
-            .max_by_key(|c| c.prompt_token_ids.len())
-            .unwrap();
-        let mut s = open(&name, Precision::Bf16);
-        let ids = &case.prompt_token_ids;
-        let ids = &ids[..longrope_original(&s.spec).map_or(ids.len(), |o| o.min(ids.len()))];
-        s.engine.reset();
-        let mut decoded = vec![s.engine.prefill(&ids[..1]).unwrap().to_vec()];
-        for &t in &ids[1..] {
-            decoded.push(s.engine.decode(t).unwrap().to_vec());
-        }
-        for t in [1, 7, ids.len() / 2, ids.len() - 1] {
-            s.engine.reset();
-            let prefilled = s.engine.prefill(&ids[..=t]).unwrap().to_vec();
-            assert!(
-                prefilled == decoded[t],
-                "{name}: position {t}: prefill and decode logits differ by {}",
-                max_abs_diff(&prefilled, &decoded[t])
-            );
-        }
+        check_prefill_equals_decode(&name, "precision bf16", &mut open(&name, Precision::Bf16));
     }
 }
 

@@ -227,13 +227,7 @@ fn compiled(qk_norm: bool) -> &'static Compiled {
     let cell = if qk_norm { &QK } else { &PLAIN };
     cell.get_or_init(|| {
         let spec = spec(qk_norm, Some(5));
-        let options = CompileOptions {
-            prefill_rows: ROWS,
-            f32_lanes: HostCpu::detect().f32_lanes(),
-            target_cpu: None,
-            head_chunk_rows: None,
-            precision: kiln_core::Precision::Exact,
-        };
+        let options = CompileOptions::new(ROWS, HostCpu::detect().f32_lanes());
         let kernels = kernel_list(&spec, &options);
         Compiled {
             lib: TestLib::build(&kernels, &options, None),
@@ -680,13 +674,7 @@ fn matmul_work_split_under_concurrency() {
             max_rows: ROWS,
         },
     ];
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: lanes,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: kiln_core::Precision::Exact,
-    };
+    let options = CompileOptions::new(ROWS, lanes);
     let lib = TestLib::build(&kernels, &options, None);
     let mut rng = Rng(0x5eed);
     for kernel in &kernels {

@@ -83,9 +83,15 @@ impl CompileOptions {
     pub const DEFAULT_PREFILL_ROWS: usize = 64;
 
     pub fn for_host(cpu: &HostCpu) -> CompileOptions {
+        CompileOptions::new(Self::DEFAULT_PREFILL_ROWS, cpu.f32_lanes())
+    }
+
+    /// Prefill blocks of `prefill_rows` rows, vectors of `f32_lanes`, everything else at its
+    /// default (the host CPU, no head chunks, exact arithmetic).
+    pub fn new(prefill_rows: usize, f32_lanes: usize) -> CompileOptions {
         CompileOptions {
-            prefill_rows: Self::DEFAULT_PREFILL_ROWS,
-            f32_lanes: cpu.f32_lanes(),
+            prefill_rows,
+            f32_lanes,
             target_cpu: None,
             head_chunk_rows: None,
             precision: Precision::Exact,

@@ -76,3 +76,84 @@ pub fn longrope_original(spec: &kiln_core::ModelSpec) -> Option<usize> {
         _ => None,
     }
 }
+
+/// Logits after prefilling `prompt` and decoding each of `forced` but the last in turn: the
+/// distribution each greedy step chose from, teacher-forced on `forced`.
+pub fn steps(session: &mut kiln::session::Session, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+    session.engine.reset();
+    let mut out = vec![session.engine.prefill(prompt).expect("prefill").to_vec()];
+    for &t in &forced[..forced.len() - 1] {
+        out.push(session.engine.decode(t).expect("decode").to_vec());
+    }
+    out
+}
+
+/// Checks `approx`, a session of fixture `name` in a less exact mode (`what`), against its
+/// goldens: last-prompt logits within `bound` of transformers float32, and the first greedy step
+/// whose choice differs from the reference's a near-tie of the float32 logits (`exact`'s, at
+/// most `bound` apart; each departure is printed with its margin). Returns the largest logit
+/// difference.
+pub fn check_near_ties(
+    name: &str,
+    what: &str,
+    exact: &mut kiln::session::Session,
+    approx: &mut kiln::session::Session,
+    bound: f32,
+) -> f32 {
+    use kiln_text::sampler::argmax;
+    let mut worst = 0.0f32;
+    for (i, case) in golden(name).cases.iter().enumerate() {
+        let (ids, want) = (&case.prompt_token_ids, &case.greedy_token_ids);
+        let got = steps(approx, ids, want);
+        let diff = max_abs_diff(&got[0], &case.last_logits);
+        worst = worst.max(diff);
+        assert!(
+            diff <= bound,
+            "{name} {what} case {i}: logits differ from transformers by {diff}"
+        );
+        if let Some(t) = got.iter().zip(want).position(|(l, &w)| argmax(l) as u32 != w) {
+            let f32_logits = &steps(exact, ids, want)[t];
+            let chosen = argmax(&got[t]);
+            let margin = f32_logits[want[t] as usize] - f32_logits[chosen];
+            eprintln!(
+                "{name} {what} case {i}: step {t} picks {chosen} instead of {}: float32 margin {margin:e}",
+                want[t]
+            );
+            assert!(
+                margin <= bound,
+                "{name} {what} case {i}: step {t} departs from transformers at a float32 margin of {margin}"
+            );
+        }
+    }
+    eprintln!("{name} {what}: max |logit diff| from transformers = {worst:e}");
+    worst
+}
+
+/// Prefill and decode give bitwise the same logits: `session` (of fixture `name`, in mode
+/// `what`) prefills the longest golden prompt up to several positions and decodes it token by
+/// token. LongRoPE switches tables once a call passes its original context, and cached keys
+/// keep the rotation they were given, so only positions before that switch are compared (the
+/// golden tests cover the crossing).
+pub fn check_prefill_equals_decode(name: &str, what: &str, session: &mut kiln::session::Session) {
+    let case = golden(name)
+        .cases
+        .into_iter()
+        .max_by_key(|c| c.prompt_token_ids.len())
+        .expect("a golden case");
+    let ids = &case.prompt_token_ids;
+    let ids = &ids[..longrope_original(&session.spec).map_or(ids.len(), |o| o.min(ids.len()))];
+    session.engine.reset();
+    let mut decoded = vec![session.engine.prefill(&ids[..1]).expect("prefill").to_vec()];
+    for &t in &ids[1..] {
+        decoded.push(session.engine.decode(t).expect("decode").to_vec());
+    }
+    for t in [1, 7, ids.len() / 2, ids.len() - 1] {
+        session.engine.reset();
+        let prefilled = session.engine.prefill(&ids[..=t]).expect("prefill").to_vec();
+        assert!(
+            prefilled == decoded[t],
+            "{name} {what}: position {t}: prefill and decode logits differ by {}",
+            max_abs_diff(&prefilled, &decoded[t])
+        );
+    }
+}

@@ -58,13 +58,7 @@ fn is_nearest(kv: DType, x: f32, bits: u16) -> bool {
 }
 
 fn lib(kv: DType, lanes: usize) -> TestLib {
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: lanes,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: kiln_core::Precision::Exact,
-    };
+    let options = CompileOptions::new(ROWS, lanes);
     let kernels = [rope_kv(kv, ROWS), rope_kv(kv, 1), attention(kv, ROWS), attention(kv, 1)];
     TestLib::build(&kernels, &options, None)
 }

@@ -186,13 +186,7 @@ fn lib(lanes: usize) -> &'static TestLib {
     static LIBS: [OnceLock<TestLib>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = [16, 8, 4].iter().position(|&l| l == lanes).expect("a tested width");
     LIBS[slot].get_or_init(|| {
-        let options = CompileOptions {
-            prefill_rows: ROWS,
-            f32_lanes: lanes,
-            target_cpu: None,
-            head_chunk_rows: None,
-            precision: kiln_core::Precision::Exact,
-        };
+        let options = CompileOptions::new(ROWS, lanes);
         TestLib::build(&suite(), &options, None)
     })
 }

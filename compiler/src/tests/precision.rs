@@ -25,6 +25,13 @@ fn matmul(max_rows: usize) -> Kernel {
     }
 }
 
+fn bf16_options() -> CompileOptions {
+    CompileOptions {
+        precision: Precision::Bf16,
+        ..CompileOptions::new(ROWS, 16)
+    }
+}
+
 fn host_has_bf16() -> bool {
     let host = HostCpu::detect();
     host.features.iter().any(|f| f == "avx512_bf16") && host.f32_lanes() >= 16
@@ -40,13 +47,7 @@ fn bf16_pairs_match_the_rounded_reference_and_decode_equals_prefill() {
         eprintln!("skipped: this CPU has no AVX512-BF16");
         return;
     }
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: 16,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: Precision::Bf16,
-    };
+    let options = bf16_options();
     let (prefill, decode) = (matmul(ROWS), matmul(kiln_core::kernel::DECODE_ROWS));
     let lib = TestLib::build(&[prefill.clone(), decode.clone()], &options, None);
     let mut rng = Rng(0xbf16);
@@ -90,13 +91,7 @@ fn gate_up_in_bf16_pairs_equals_the_two_matmuls() {
         eprintln!("skipped: this CPU has no AVX512-BF16");
         return;
     }
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: 16,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: Precision::Bf16,
-    };
+    let options = bf16_options();
     let gate_up = Kernel::GateUp {
         n: N,
         k: K,

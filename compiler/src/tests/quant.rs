@@ -95,13 +95,7 @@ fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize, wide: bool) -> Vec<
 
 /// A library of `kernels` written with `lanes`-wide vectors.
 fn build(kernels: &[Kernel], lanes: usize) -> TestLib {
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: lanes,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: kiln_core::Precision::Exact,
-    };
+    let options = CompileOptions::new(ROWS, lanes);
     TestLib::build(kernels, &options, None)
 }
 
@@ -370,13 +364,7 @@ fn quantised_matmuls_prefill_and_decode() {
 
 #[test]
 fn model_kernels_accepts_quantised_matrices_only() {
-    let options = CompileOptions {
-        prefill_rows: ROWS,
-        f32_lanes: 8,
-        target_cpu: None,
-        head_chunk_rows: None,
-        precision: kiln_core::Precision::Exact,
-    };
+    let options = CompileOptions::new(ROWS, 8);
     let set = |s: &mut kiln_core::ModelSpec, name: &str, dtype| {
         let id = s.weight_named(name).expect("a tensor of the test spec");
         s.weights[id.0 as usize].dtype = dtype;
@@ -454,11 +442,8 @@ fn quant_speed() {
         .collect();
     // 8 lanes measure what an AVX2 machine runs: its instruction set and its 16 registers.
     let options = CompileOptions {
-        prefill_rows: rows,
-        f32_lanes: lanes,
         target_cpu: (lanes == 8 && host == 16).then(|| "x86-64-v3".to_string()),
-        head_chunk_rows: None,
-        precision: kiln_core::Precision::Exact,
+        ..CompileOptions::new(rows, lanes)
     };
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
     let lib = TestLib::build(&kernels, &options, asm.as_deref());
