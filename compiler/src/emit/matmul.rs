@@ -137,9 +137,8 @@ pub fn emit_matmul<'c, 'a>(
     // Quantised and half-precision rows are widened into the scratch a chunk of `k` at a time
     // (whole blocks for quantised ones); the accumulators wait between chunks in `acc`, so
     // each output is still one chain of FMAs in `k` order, as in decode. f32 rows are read
-    // as stored.
-    // bf16 pairs read the stored rows as they are (no widening), in chunks of `k` whose rows
-    // stay in L1 while every row tile passes over them.
+    // as stored, and so are bf16 rows multiplied in pairs (`--precision bf16`), in chunks of
+    // `k` whose rows stay in L1 while every row tile passes over them.
     let pairs = m.pairs(*wdtype);
     let use_scratch = (wdtype.is_quantized() || *wdtype != DType::F32) && !pairs;
     let chunk_bytes = exp_var("KILN_EXP_KCHUNK").unwrap_or(PREFILL_CHUNK_BYTES);
@@ -148,7 +147,7 @@ pub fn emit_matmul<'c, 'a>(
     } else if wdtype.is_quantized() {
         let be = wdtype.block_elems();
         (chunk_bytes / (nb * 4) / be * be).clamp(be, *k)
-    } else if *wdtype != DType::F32 && use_scratch {
+    } else if *wdtype != DType::F32 {
         let step = m.lanes;
         (chunk_bytes / (nb * 4) / step * step).clamp(step, *k)
     } else {
