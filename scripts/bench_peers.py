@@ -4,7 +4,7 @@
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
                                    [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
-                                   [--precision exact|bf16]
+                                   [--precision exact|bf16|q8]
 
 Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their native build, `gguf`,
 and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
@@ -279,8 +279,8 @@ def main():
                          "both engines then read that file")
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "bf16"],
                     help="KV cache type of both engines (default f32, Kiln's default; llama.cpp's own is f16)")
-    ap.add_argument("--precision", default="exact", choices=["exact", "bf16"],
-                    help="Kiln's matmul arithmetic over bf16 weights (kiln --precision; default exact)")
+    ap.add_argument("--precision", default="exact", choices=["exact", "bf16", "q8"],
+                    help="Kiln's matmul arithmetic (kiln --precision: exact, bf16 over bf16 weights, q8 over GGUF block weights; default exact)")
     ap.add_argument("--avx2", action="store_true",
                     help="compare the AVX2 code of both: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2")
     args = ap.parse_args()

@@ -311,8 +311,10 @@ struct BuildArgs {
     /// bytes attention reads; keys and values rounded to nearest as they are stored).
     #[arg(long, value_name = "TYPE", value_parser = kiln_core::spec::Elem::parse_kv)]
     kv_dtype: Option<kiln_core::spec::Elem>,
-    /// Matmuls over bf16 weights: exact (f32 products, the default) or bf16 (activations
-    /// rounded to bf16, pairs of products summed by AVX512-BF16's vdpbf16ps: faster prefill).
+    /// Matmul arithmetic: exact (f32 products, the default); bf16 (over bf16 weights,
+    /// activations rounded to bf16, pairs of products summed by AVX512-BF16's vdpbf16ps: faster
+    /// prefill); q8 (over GGUF block weights, activations rounded to 8-bit integers per group
+    /// of 32, as llama.cpp does: faster quantised decode).
     #[arg(long, value_name = "MODE", value_parser = kiln_core::Precision::parse, default_value = "exact")]
     precision: kiln_core::Precision,
 }

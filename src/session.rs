@@ -199,6 +199,17 @@ impl OpenOptions {
             }
             options.precision = Precision::Bf16;
         }
+        if self.precision == Precision::Q8 {
+            // vpmaddubsw/vpmaddwd on 256-bit vectors: AVX2 (x86-64-v3) and up.
+            if !cfg!(target_arch = "x86_64") || options.f32_lanes < 8 {
+                anyhow::bail!(
+                    "--precision q8 needs AVX2 code (x86-64-v3 or later); {} gives {}-lane vectors: use --precision exact",
+                    options.target_cpu.as_deref().unwrap_or(&host.model_name),
+                    options.f32_lanes
+                );
+            }
+            options.precision = Precision::Q8;
+        }
         Ok(options)
     }
 }

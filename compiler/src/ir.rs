@@ -5,6 +5,8 @@
 //! regions (`scf.for`, `scf.if`) take a closure that receives a builder for the inner block.
 //! Float constants are written as hexadecimal bit patterns so they are exact.
 
+mod int8;
+
 use kiln_core::DType;
 use melior::{
     Context,

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 mod kv;
 mod ops;
 mod precision;
+mod q8;
 mod quant;
 
 const H: usize = 64;

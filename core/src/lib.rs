@@ -43,13 +43,14 @@ pub struct CompileOptions {
     /// for a `--ram-budget` that streams the head. Absent (and out of the cache key) otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_chunk_rows: Option<usize>,
-    /// How matmuls over bf16 weights multiply (`--precision`). Absent (and out of the cache
-    /// key) for the default, exact f32.
+    /// How matmuls over bf16 or quantised weights multiply (`--precision`). Absent (and out
+    /// of the cache key) for the default, exact f32.
     #[serde(default, skip_serializing_if = "Precision::is_exact")]
     pub precision: Precision,
 }
 
-/// The arithmetic of matmuls over bf16 weights.
+/// The arithmetic of matmuls: exact, or a faster mode for one kind of weights (the others
+/// keep exact arithmetic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
@@ -60,6 +61,11 @@ pub enum Precision {
     /// Activations rounded to bf16 (to nearest even) at each matmul input, products of bf16
     /// pairs summed into f32 by `vdpbf16ps` (AVX512-BF16): twice the products per instruction.
     Bf16,
+    /// Matmuls over GGML block weights (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k):
+    /// activations rounded to 8-bit integers per group of 32 with an f32 scale, llama.cpp's
+    /// numerics, and each group's products summed exactly in integers (`vpmaddubsw`): far less
+    /// work per weight than dequantising to f32.
+    Q8,
 }
 
 impl Precision {
@@ -67,12 +73,13 @@ impl Precision {
         *self == Precision::Exact
     }
 
-    /// Parses a `--precision` value: `exact` (or `f32`) or `bf16`.
+    /// Parses a `--precision` value: `exact` (or `f32`), `bf16` or `q8`.
     pub fn parse(text: &str) -> Result<Precision, String> {
         match text.to_ascii_lowercase().as_str() {
             "exact" | "f32" => Ok(Precision::Exact),
             "bf16" => Ok(Precision::Bf16),
-            _ => Err(format!("--precision {text:?}: expected exact or bf16")),
+            "q8" | "int8" => Ok(Precision::Q8),
+            _ => Err(format!("--precision {text:?}: expected exact, bf16 or q8")),
         }
     }
 }

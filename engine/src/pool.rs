@@ -16,6 +16,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking, when every thread has a CPU.
+/// Stack of each compute thread (see `Pool::new`); the thread that calls `run` needs as much
+/// (`kiln serve`'s engine thread is made with it).
+pub const WORKER_STACK_BYTES: usize = 16 << 20;
+
 const SPIN_BEFORE_PARK: Duration = Duration::from_millis(2);
 /// With more threads than CPUs: how long a thread waiting at a barrier (or for the workers to
 /// finish, or idle between jobs) spins before it sleeps. A spinning thread then delays the one
@@ -272,6 +276,10 @@ impl Pool {
                 let core = cores.and_then(|c| c.get(tid).copied());
                 std::thread::Builder::new()
                     .name(format!("kiln-worker-{tid}"))
+                    // Kernels keep per-thread buffers on the stack (`--precision q8` prefill:
+                    // the block's rows as bytes, 64 × k, over 1 MiB at k = 14336); untouched
+                    // pages cost nothing.
+                    .stack_size(WORKER_STACK_BYTES)
                     .spawn(move || {
                         if let Some(core) = core {
                             pin_current_thread(core);

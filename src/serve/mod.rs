@@ -66,7 +66,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         max_queue: args.max_queue,
         decode_delay: Duration::from_millis(args.decode_delay_ms),
     };
-    std::thread::Builder::new().name("kiln-engine".into()).spawn(move || {
+    let engine_thread = std::thread::Builder::new()
+        .name("kiln-engine".into())
+        .stack_size(kiln_engine::pool::WORKER_STACK_BYTES);
+    engine_thread.spawn(move || {
         if let Err(e) = loader.load_and_serve(&slot) {
             crate::output::errln!("error: {e:#}").ok();
             kiln_cache::remove_active_staging();

@@ -12,7 +12,7 @@
 
 use super::Dyn;
 use super::elementwise::gated_at;
-use super::matmul::{MatMul, decode_float_rows, decode_split, normalised_rows, with_decode_cols};
+use super::matmul::{MatMul, decode_float_rows, decode_split, normalised_rows, q8_acts, with_decode_cols};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
@@ -46,7 +46,11 @@ pub fn emit_gate_up<'c, 'a>(
     };
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
     let lanes = lanes_for(k, max_lanes);
-    let projection = |y| MatMul {
+    // One rounding of the rows serves both projections when the mode covers both.
+    let q8 = q8_acts(b, d, x, *gate_dtype, k, max_rows, precision)
+        .or_else(|| q8_acts(b, d, x, *up_dtype, k, max_rows, precision));
+    let q8_for = |dtype: kiln_core::DType| q8.filter(|_| super::quant8::supports(dtype));
+    let projection = |y, dtype| MatMul {
         k,
         lanes,
         x,
@@ -56,8 +60,9 @@ pub fn emit_gate_up<'c, 'a>(
         act: None,
         softcap: None,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
+        q8: q8_for(dtype),
     };
-    let (gate_mm, up_mm) = (projection(gate), projection(up));
+    let (gate_mm, up_mm) = (projection(gate, *gate_dtype), projection(up, *up_dtype));
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
     // chains split over the two matrices (one row of each with AVX-512) keep as many bytes in
     // flight. Quantised ones are bound by the dequantisation work, whose latency the decode

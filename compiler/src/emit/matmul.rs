@@ -21,10 +21,11 @@
 //!   long), so decode and prefill still perform the same FMAs in the same order.
 
 mod decode;
+mod q8;
 
 pub(super) use decode::{decode_float_rows, decode_split, normalised_rows, with_decode_cols};
 
-use super::{Dyn, elementwise, quant, split_work};
+use super::{Dyn, elementwise, quant, quant8, split_work};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::{Act, DType, F32Bits, Kernel};
 use melior::ir::Value;
@@ -72,6 +73,23 @@ pub(super) struct MatMul<'c, 'a> {
     /// `--precision bf16`: bf16 weights multiply bf16-rounded activations in pairs
     /// ([`MatMul::pairs`]).
     pub(super) bf16_pairs: bool,
+    /// `--precision q8` over weights it covers: the rows rounded to 8 bits, multiplied in
+    /// integers ([`MatMul::q8_rows`]), in decode and prefill alike.
+    pub(super) q8: Option<quant8::Acts<'c, 'a>>,
+}
+
+/// The rows of `x` rounded for `--precision q8` when the mode covers weights of `dtype`.
+pub(super) fn q8_acts<'c, 'a>(
+    b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
+    x: Value<'c, '_>,
+    dtype: DType,
+    k: usize,
+    max_rows: usize,
+    precision: kiln_core::Precision,
+) -> Option<quant8::Acts<'c, 'a>> {
+    (precision == kiln_core::Precision::Q8 && quant8::supports(dtype))
+        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows))
 }
 
 /// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.
@@ -126,9 +144,12 @@ pub fn emit_matmul<'c, 'a>(
         act: *act,
         softcap: *softcap,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
+        q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, precision),
     };
     let w = p[1];
-    if decode {
+    // `--precision q8` prefills with decode's code: row tiles over each weight row's blocks,
+    // the same integer sums per output, so prefill and decode agree bit for bit.
+    if decode || m.q8.is_some() {
         return m.decode(b, w, *wdtype, *n, d, *max_rows);
     }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };

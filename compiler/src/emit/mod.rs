@@ -12,6 +12,7 @@ mod matmul;
 mod norm;
 mod probe;
 mod quant;
+mod quant8;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};

@@ -226,6 +226,13 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         b.fma(b.sitofp(nib), d, add)
     }
 
+    /// The k-quants' per-block scale vector, 16 f32 lanes: q4_k/q5_k `d · sc_j` in lanes 0..8
+    /// and `-dmin · m_j` in lanes 8..16, q6_k `d · sc_j` for its 16 sub-blocks (and q2_k, q3_k
+    /// as [`Self::value`] uses them). Shared with `--precision q8` (`quant8.rs`).
+    pub fn scale_vector(&mut self) -> Value<'c, 'a> {
+        self.scales()
+    }
+
     /// The map of scale group `sg`, made on first use.
     fn affine(&mut self, sg: usize) -> Affine<'c, 'a> {
         if let Some(a) = self.affines.get(&sg) {

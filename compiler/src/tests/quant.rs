@@ -52,7 +52,7 @@ fn f16_fields(dtype: DType) -> &'static [usize] {
 }
 
 /// Vector widths to test: the host's and every narrower one down to 4.
-fn widths() -> Vec<usize> {
+pub(super) fn widths() -> Vec<usize> {
     let host = HostCpu::detect().f32_lanes();
     [16, 8, 4].into_iter().filter(|&l| l <= host).collect()
 }
@@ -72,7 +72,7 @@ impl Rng {
 /// `blocks` random blocks of `dtype`. Quant bytes are uniform; each f16 field is either any
 /// finite half (`wide`: subnormals and the largest values included) or a small one, so that
 /// dot products stay well conditioned.
-fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize, wide: bool) -> Vec<u8> {
+pub(super) fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize, wide: bool) -> Vec<u8> {
     let bb = dtype.block_bytes();
     let mut data = rng.bytes(blocks * bb);
     for blk in data.chunks_exact_mut(bb) {
@@ -161,7 +161,7 @@ fn lib(lanes: usize) -> &'static TestLib {
     LIBS[slot].get_or_init(|| build(&suite(lanes), lanes))
 }
 
-fn reference(dtype: DType, data: &[u8]) -> Vec<f32> {
+pub(super) fn reference(dtype: DType, data: &[u8]) -> Vec<f32> {
     dequant::dequantize(dtype, data).expect("whole blocks")
 }
 
@@ -187,7 +187,7 @@ fn embed_all(lib: &TestLib, dtype: DType, hidden: usize, table: &mut [u8], rows:
     out
 }
 
-fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+pub(super) fn assert_bits(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
@@ -411,7 +411,8 @@ fn model_kernels_accepts_quantised_matrices_only() {
 /// Decode and prefill throughput per format on one thread (`cargo test -p kiln-compiler --
 /// --ignored quant_speed --nocapture`). `KILN_QUANT_LANES=8` measures the AVX2 code (built
 /// for x86-64-v3 on an AVX-512 host);
-/// `KILN_QUANT_ASM=dir` also writes each kernel's MLIR and assembly.
+/// `KILN_QUANT_ASM=dir` also writes each kernel's MLIR and assembly; `KILN_QUANT_PRECISION=q8`
+/// measures `--precision q8`.
 #[test]
 #[ignore = "timing only: cargo test -p kiln-compiler -- --ignored quant_speed --nocapture"]
 fn quant_speed() {
@@ -441,8 +442,13 @@ fn quant_speed() {
         })
         .collect();
     // 8 lanes measure what an AVX2 machine runs: its instruction set and its 16 registers.
+    // `KILN_QUANT_PRECISION=q8` measures `--precision q8`.
+    let precision = std::env::var("KILN_QUANT_PRECISION")
+        .map(|p| kiln_core::Precision::parse(&p).expect("KILN_QUANT_PRECISION"))
+        .unwrap_or_default();
     let options = CompileOptions {
         target_cpu: (lanes == 8 && host == 16).then(|| "x86-64-v3".to_string()),
+        precision,
         ..CompileOptions::new(rows, lanes)
     };
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);

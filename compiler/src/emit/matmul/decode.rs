@@ -136,6 +136,32 @@ fn prefetch_ahead<'c>(
     b.prefetch_with(w, &[b.divui(flat, len), b.remui(flat, len)], p.locality);
 }
 
+/// The prefetches of a decode step over quantised rows `cols` reading `span` bytes of each from
+/// byte `off` (rows of `row_bytes`, the share ending at row `end`): one per cache line and
+/// [`decode_prefetches`] distance (a step may span less than a line).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prefetch_blocks<'c>(
+    b: Kb<'c, '_>,
+    w: Value<'c, '_>,
+    cols: &[Value<'c, '_>],
+    off: Value<'c, '_>,
+    span: usize,
+    row_bytes: usize,
+    end: Value<'c, '_>,
+) {
+    for &col in cols {
+        for p in decode_prefetches().iter().filter(|p| p.bytes > 0) {
+            for line in (0..span.div_ceil(64)).map(|l| l * 64) {
+                let at = Prefetch {
+                    bytes: p.bytes + line,
+                    ..*p
+                };
+                prefetch_ahead(b, w, col, off, at, 1, row_bytes, end);
+            }
+        }
+    }
+}
+
 /// The decode rows (`d.rows` of at most `max_rows`) normalised by a folded norm into a stack
 /// buffer of this thread's (`memref<max_rows x k x f32>`), with the [`Kernel::Norm`] kernel's
 /// own instructions. `args` are the norm's weight and (LayerNorm) bias.
@@ -261,19 +287,23 @@ pub(in crate::emit) fn decode_split<'c, F, G>(
 /// Outputs `col0..col0 + ncols` (of the share ending at weight row `end`) of activation rows
 /// `r0..r0 + m`: what one call of the inner loop computes.
 #[derive(Clone, Copy)]
-struct Tile<'c, 'a> {
-    col0: Value<'c, 'a>,
-    ncols: usize,
-    end: Value<'c, 'a>,
-    r0: Value<'c, 'a>,
-    m: usize,
+pub(super) struct Tile<'c, 'a> {
+    pub col0: Value<'c, 'a>,
+    pub ncols: usize,
+    pub end: Value<'c, 'a>,
+    pub r0: Value<'c, 'a>,
+    pub m: usize,
 }
 
 impl<'c, 'a> Tile<'c, 'a> {
     /// The tile's activation rows, weight rows, and zero accumulators (`rows * cols` of them,
     /// row-major).
     #[allow(clippy::type_complexity)]
-    fn start<'x>(&self, b: Kb<'c, 'x>, lanes: usize) -> (Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>) {
+    pub(super) fn start<'x>(
+        &self,
+        b: Kb<'c, 'x>,
+        lanes: usize,
+    ) -> (Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>) {
         let rows = (0..self.m).map(|i| b.addi(self.r0, b.idx(i))).collect();
         let cols = (0..self.ncols).map(|c| b.addi(self.col0, b.idx(c))).collect();
         let inits = (0..self.m * self.ncols).map(|_| b.zero_like(lanes)).collect();
@@ -340,7 +370,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 r0,
                 m,
             };
-            if dtype.is_quantized() {
+            if let Some(acts) = self.q8 {
+                self.q8_rows(b, w, dtype, tile, &acts)
+            } else if dtype.is_quantized() {
                 self.quant_rows(b, w, dtype, tile)
             } else {
                 self.float_rows(b, w, dtype, tile)
@@ -441,7 +473,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
 
     /// The epilogue of every output of a tile: `acc[i * cols.len() + c]` is row `rows[i]`,
     /// column `cols[c]`.
-    fn finish_tile(&self, b: Kb<'c, '_>, acc: &[Value<'c, '_>], rows: &[Value<'c, '_>], cols: &[Value<'c, '_>]) {
+    pub(super) fn finish_tile(
+        &self,
+        b: Kb<'c, '_>,
+        acc: &[Value<'c, '_>],
+        rows: &[Value<'c, '_>],
+        cols: &[Value<'c, '_>],
+    ) {
         for (i, &row) in rows.iter().enumerate() {
             let sums = b.reduce_many(&acc[i * cols.len()..(i + 1) * cols.len()]);
             for (&s, &col) in sums.iter().zip(cols) {
@@ -464,23 +502,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let (rows, cols, inits) = t.start(b, lanes);
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
-        let prefetches = decode_prefetches();
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
         let acc = b.for_range(zero, hi, step, &inits, |b, kb, acc| {
             let mut acc = acc;
             let off = b.muli(kb, b.idx(dtype.block_bytes()));
-            for &col in &cols {
-                for p in prefetches.iter().filter(|p| p.bytes > 0) {
-                    // One prefetch per cache line the step reads (a step may span less than one).
-                    for line in (0..span.div_ceil(64)).map(|l| l * 64) {
-                        let at = Prefetch {
-                            bytes: p.bytes + line,
-                            ..*p
-                        };
-                        prefetch_ahead(b, w, col, off, at, 1, row_bytes, end);
-                    }
-                }
-            }
+            prefetch_blocks(b, w, &cols, off, span, row_bytes, end);
             for u in 0..unroll {
                 let blk = b.addi(kb, b.idx(u));
                 let k0 = b.muli(blk, b.idx(be));

@@ -1,0 +1,326 @@
+//! `--precision q8`: matmuls over GGML block weights as 8-bit integer dot products.
+//!
+//! The exact mode turns every weight into its f32 value and multiplies it by the f32
+//! activation: with AVX2's 16 registers that is four or five vector instructions per 8 weights,
+//! more than the memory stream costs on the k-quants (measured: TinyLlama Q4_K_M decode at
+//! half of llama.cpp's AVX2 build). This mode does what llama.cpp does instead: each activation
+//! row is rounded once per call to 8-bit integers in groups of [`GROUP`] elements with one f32
+//! scale per group ([`Acts`]), and a weight block's codes (its quantised values as unsigned
+//! bytes, q8_0's as signed ones) meet those integers in `vpmaddubsw`/`vpmaddwd`: 32 products
+//! in two instructions, summed exactly in i32.
+//!
+//! What it computes, for weight values `w = D·c + M` (`D` the block's or sub-block's scale,
+//! `c` the code, `M` its offset `-off·D` or its min) and activations `â = d·q` (`d` the group's
+//! scale `max|x| / 127`, `q = round(x / d)` to nearest even): `Σ w·â` with each group's
+//! `Σ c·q` an exact integer, scaled by `D·d`, plus `M · (d·Σ q)` per scale group (`d·Σq` made
+//! once per activation group, [`Acts::s32`] and [`Acts::s16`]); the sums in f32. Products never
+//! saturate `vpmaddubsw`'s i16 pairs: unsigned codes are below 64, and q8_0's signed codes
+//! multiply as `|c| · (sign(c)·q)`, at most `2 · 128 · 127` per pair.
+//!
+//! Decode and prefill run this same code (prefill as tiles of decode rows), so within the mode
+//! they agree bit for bit.
+
+use super::Dyn;
+use super::quant::BlockReader;
+use crate::ir::Kb;
+use kiln_core::DType;
+use melior::ir::Value;
+use std::collections::HashMap;
+
+/// Activation elements sharing one scale: one `vpmaddubsw` operand of 32 bytes.
+pub const GROUP: usize = 32;
+
+/// The weight formats this mode multiplies in integers; matmuls over the others (q2_k, q3_k,
+/// float weights) keep exact arithmetic.
+pub fn supports(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K
+    )
+}
+
+/// A call's activation rows rounded to 8 bits, in stack buffers of the thread's (every thread
+/// rounds every row itself: `rows · k` values against the `rows · k · n / threads` products it
+/// then computes, and no barrier).
+#[derive(Clone, Copy)]
+pub struct Acts<'c, 'a> {
+    /// `memref<R x k x i8>`: the codes `q`.
+    pub q: Value<'c, 'a>,
+    /// `memref<R x k/32 x f32>`: each group's scale `d`.
+    pub d: Value<'c, 'a>,
+    /// `memref<R x k/32 x f32>`: `d · Σ q` over each group of 32.
+    pub s32: Value<'c, 'a>,
+    /// `memref<R x k/16 x f32>`: `d · Σ q` over each half group (the k-quants with scales per
+    /// 16 elements).
+    pub s16: Value<'c, 'a>,
+}
+
+impl<'c, 'a> Acts<'c, 'a> {
+    /// Rounds the call's rows (`d.rows` of at most `max_rows`) of `x` (`[rows, k]` f32).
+    pub fn quantise(b: Kb<'c, 'a>, d: Dyn<'c, '_>, x: Value<'c, '_>, k: usize, max_rows: usize) -> Self {
+        assert!(k.is_multiple_of(GROUP), "k = {k} is not a multiple of {GROUP}");
+        let groups = k / GROUP;
+        let acts = Acts {
+            q: b.alloca(&format!("memref<{max_rows}x{k}xi8>")),
+            d: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
+            s32: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
+            s16: b.alloca(&format!("memref<{max_rows}x{}xf32>", 2 * groups)),
+        };
+        b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, j| {
+                acts.quantise_group(b, x, r, j)
+            });
+        });
+        acts
+    }
+
+    /// Group `j` of row `r`: `d = max|x| / 127`, `q = round(x · (127 / max|x|))` (0 for an
+    /// all-zero group), and the sums.
+    fn quantise_group(&self, b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, j: Value<'c, '_>) {
+        let k0 = b.muli(j, b.idx(GROUP));
+        let v: Vec<Value> = (0..GROUP / 8)
+            .map(|i| b.load_f32(x, &[r, b.addi(k0, b.idx(8 * i))], 8))
+            .collect();
+        let m = v
+            .iter()
+            .map(|&vi| b.abs_f32(vi))
+            .reduce(|a, c| b.maxf(a, c))
+            .expect("4 vectors");
+        let amax = b.reduce_max(m);
+        let scale = b.divf(amax, b.f32c(127.0));
+        let nonzero = b.cmpf("ogt", amax, b.f32c(0.0));
+        let inv = b.select(nonzero, b.divf(b.f32c(127.0), amax), b.f32c(0.0));
+        let inv = b.broadcast(inv, 8);
+        let q: Vec<Value> = v.iter().map(|&vi| b.round_to_i32(b.mulf(vi, inv))).collect();
+        let bytes: Vec<Value> = q.iter().map(|&qi| b.trunci(qi, "i8")).collect();
+        let lo = b.shuffle_any(bytes[0], bytes[1], &(0..16).collect::<Vec<_>>());
+        let hi = b.shuffle_any(bytes[2], bytes[3], &(0..16).collect::<Vec<_>>());
+        b.store(b.shuffle_any(lo, hi, &(0..32).collect::<Vec<_>>()), self.q, &[r, k0]);
+        let first = b.reduce_add_int(b.addi(q[0], q[1]));
+        let second = b.reduce_add_int(b.addi(q[2], q[3]));
+        let j2 = b.muli(j, b.idx(2));
+        b.store(b.mulf(scale, b.sitofp(first)), self.s16, &[r, j2]);
+        b.store(b.mulf(scale, b.sitofp(second)), self.s16, &[r, b.addi(j2, b.idx(1))]);
+        b.store(b.mulf(scale, b.sitofp(b.addi(first, second))), self.s32, &[r, j]);
+        b.store(scale, self.d, &[r, j]);
+    }
+}
+
+/// One block of a quantised weight row read as 8-bit codes, 32 at a time, with the factors
+/// that turn `Σ c·q` into the block's share of a dot product.
+pub struct CodeBlock<'c, 'a, 'w> {
+    b: Kb<'c, 'a>,
+    w: Value<'c, 'w>,
+    row: Value<'c, 'w>,
+    base: Value<'c, 'a>,
+    dtype: DType,
+    /// The exact mode's reader, for the k-quants' scale vectors.
+    reader: BlockReader<'c, 'a, 'w>,
+    bytes: HashMap<(usize, usize), Value<'c, 'a>>,
+    scale: Option<Value<'c, 'a>>,
+    high: Option<Value<'c, 'a>>,
+}
+
+impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
+    /// Block `blk` of row `row` of `w` (`memref<N x ROWBYTES x i8>`); emits nothing until asked.
+    pub fn new(b: Kb<'c, 'a>, w: Value<'c, 'w>, dtype: DType, row: Value<'c, 'w>, blk: Value<'c, 'w>) -> Self {
+        assert!(supports(dtype), "{dtype} has no 8-bit dot product");
+        let base = b.muli(blk, b.idx(dtype.block_bytes()));
+        CodeBlock {
+            b,
+            w,
+            row,
+            base,
+            dtype,
+            reader: BlockReader::new(b, w, dtype, row, blk, 16, super::quant::Zeros::Either),
+            bytes: HashMap::new(),
+            scale: None,
+            high: None,
+        }
+    }
+
+    /// Groups of [`GROUP`] elements in the block.
+    pub fn groups(&self) -> usize {
+        self.dtype.block_elems() / GROUP
+    }
+
+    /// `n` bytes at `off` within the block, loaded once.
+    fn load(&mut self, off: usize, n: usize) -> Value<'c, 'a> {
+        let (b, w, row, base) = (self.b, self.w, self.row, self.base);
+        *self
+            .bytes
+            .entry((off, n))
+            .or_insert_with(|| b.load_bytes(w, &[row, b.addi(base, b.idx(off))], n))
+    }
+
+    fn splat8(&self, v: i64, n: usize) -> Value<'c, 'a> {
+        self.b.int_splat(v, n, "i8")
+    }
+
+    /// Bits `bit..bit + width` of each byte, moved to bit `to`.
+    fn field(&self, v: Value<'c, 'a>, bit: i64, width: i64, to: i64) -> Value<'c, 'a> {
+        let b = self.b;
+        let moved = match bit - to {
+            0 => v,
+            s if s > 0 => b.shrui(v, self.splat8(s, 32)),
+            s => b.shli(v, self.splat8(-s, 32)),
+        };
+        b.andi(moved, self.splat8(((1 << width) - 1) << to, 32))
+    }
+
+    /// The 32 codes of group `g` (elements `32 g ..`) as a `vector<32xi8>` in element order:
+    /// unsigned, but q8_0's signed.
+    pub fn codes(&mut self, g: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        match self.dtype {
+            DType::Q8_0 => self.load(2, 32),
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+                // Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the
+                // 5-bit formats add bit j of the little-endian u32 qh as bit 4.
+                let (qh, qs) = match self.dtype {
+                    DType::Q4_0 => (None, 2),
+                    DType::Q4_1 => (None, 4),
+                    DType::Q5_0 => (Some(2), 6),
+                    _ => (Some(4), 8),
+                };
+                let raw = self.load(qs, 16);
+                let lo = b.andi(raw, self.splat8(15, 16));
+                let hi = b.shrui(raw, self.splat8(4, 16));
+                let codes = b.shuffle_any(lo, hi, &(0..32).collect::<Vec<_>>());
+                match qh {
+                    Some(off) => b.ori(codes, self.high_bits(off)),
+                    None => codes,
+                }
+            }
+            DType::Q4K | DType::Q5K => {
+                // Chunk c of 64: the low nibbles of qs[32c + l] (group 2c), then the high ones;
+                // q5_k adds bit g of qh[l] as bit 4.
+                let qs = if self.dtype == DType::Q4K { 16 } else { 48 };
+                let raw = self.load(qs + 32 * (g / 2), 32);
+                let code = if g.is_multiple_of(2) {
+                    b.andi(raw, self.splat8(15, 32))
+                } else {
+                    b.shrui(raw, self.splat8(4, 32))
+                };
+                if self.dtype == DType::Q5K {
+                    let qh = self.load(16, 32);
+                    b.ori(code, self.field(qh, g as i64, 1, 4))
+                } else {
+                    code
+                }
+            }
+            DType::Q6K => {
+                // Element 128n + 32k + l: nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2
+                // of qh[32n + l] as bits 4..6.
+                let (n, k) = (g / 4, g % 4);
+                let ql = self.load(64 * n + 32 * (k & 1), 32);
+                let low = if k < 2 {
+                    b.andi(ql, self.splat8(15, 32))
+                } else {
+                    b.shrui(ql, self.splat8(4, 32))
+                };
+                let qh = self.load(128 + 32 * n, 32);
+                b.ori(low, self.field(qh, 2 * k as i64, 2, 4))
+            }
+            other => unreachable!("{other} has no 8-bit codes"),
+        }
+    }
+
+    /// q5_0/q5_1: bit j of the u32 at `off` as 16 in byte j, else 0 (each byte picks the byte of
+    /// the word holding its bit, then tests its bit).
+    fn high_bits(&mut self, off: usize) -> Value<'c, 'a> {
+        if let Some(h) = self.high {
+            return h;
+        }
+        let b = self.b;
+        let word = self.load(off, 4);
+        let spread = b.shuffle_any(word, word, &(0..32).map(|j| j / 8).collect::<Vec<_>>());
+        let bit: Vec<i64> = (0..32).map(|j| 1 << (j % 8)).collect();
+        let set = b.cmpi(
+            crate::ir::Cmp::Ne,
+            b.andi(spread, b.int_vec(&bit, "i8")),
+            self.splat8(0, 32),
+        );
+        let h = b.select(set, self.splat8(16, 32), self.splat8(0, 32));
+        self.high = Some(h);
+        h
+    }
+
+    /// The block's scale(s): an 8-lane splat of `D` for the 32-element formats; the k-quants'
+    /// scale vector (16 lanes, see `BlockReader::scale_vector`).
+    fn scale(&mut self) -> Value<'c, 'a> {
+        if let Some(s) = self.scale {
+            return s;
+        }
+        let b = self.b;
+        let s = match self.dtype {
+            DType::Q4K | DType::Q5K | DType::Q6K => self.reader.scale_vector(),
+            _ => b.load_f16_splat(self.w, &[self.row, self.base], 8),
+        };
+        self.scale = Some(s);
+        s
+    }
+
+    /// `D` for each lane of group `g`'s 8 i32 sums (lane `i` sums elements `4i..4i + 4`).
+    pub fn group_scale(&mut self, g: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        let s = self.scale();
+        match self.dtype {
+            DType::Q4K | DType::Q5K => b.shuffle(s, s, &[g; 8]),
+            // Scales per 16 elements: lanes 0..4 take sub-block 2g's, lanes 4..8 2g + 1's.
+            DType::Q6K => b.shuffle(
+                s,
+                s,
+                &[2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1],
+            ),
+            _ => s,
+        }
+    }
+
+    /// `Σ c·q` of group `g`'s codes and 32 activation codes, as 8 i32 lanes.
+    pub fn dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>) -> Value<'c, 'a> {
+        let b = self.b;
+        let pairs = if self.dtype == DType::Q8_0 {
+            b.madd_u8_i8(b.sign_bytes(codes, codes), b.sign_bytes(q, codes))
+        } else {
+            b.madd_u8_i8(codes, q)
+        };
+        b.madd_i16(pairs, b.int_splat(1, 16, "i16"))
+    }
+
+    /// `acc` plus the block's offset or min terms for activation row `r` (`M · d·Σq` per scale
+    /// group); `blk` is the block's index in the row.
+    pub fn offset_terms(
+        &mut self,
+        acc: Value<'c, 'a>,
+        acts: &Acts<'c, '_>,
+        r: Value<'c, '_>,
+        blk: Value<'c, '_>,
+    ) -> Value<'c, 'a> {
+        let b = self.b;
+        let first = |m: Value<'c, 'a>| {
+            let s = b.load_f32(acts.s32, &[r, blk], 1);
+            b.fma(m, b.insert_first(s, b.f32_splat(0.0, 8)), acc)
+        };
+        match self.dtype {
+            DType::Q8_0 => acc,
+            DType::Q4_0 => first(b.mulf(self.scale(), b.f32_splat(-8.0, 8))),
+            DType::Q5_0 => first(b.mulf(self.scale(), b.f32_splat(-16.0, 8))),
+            DType::Q4_1 | DType::Q5_1 => first(b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(2))], 8)),
+            DType::Q4K | DType::Q5K => {
+                // Lanes 8..16 of the scale vector are the sub-blocks' `-dmin · m`.
+                let mins = b.slice(self.scale(), 8, 8);
+                let s = b.load_f32(acts.s32, &[r, b.muli(blk, b.idx(8))], 8);
+                b.fma(mins, s, acc)
+            }
+            DType::Q6K => {
+                let m = b.mulf(self.scale(), b.f32_splat(-32.0, 16));
+                let at = b.muli(blk, b.idx(16));
+                let lo = b.load_f32(acts.s16, &[r, at], 8);
+                let hi = b.load_f32(acts.s16, &[r, b.addi(at, b.idx(8))], 8);
+                b.fma(b.slice(m, 8, 8), hi, b.fma(b.slice(m, 0, 8), lo, acc))
+            }
+            other => unreachable!("{other} has no 8-bit codes"),
+        }
+    }
+}

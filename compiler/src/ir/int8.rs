@@ -1,0 +1,65 @@
+//! Integer vector operations of `--precision q8` (see `emit/quant8.rs`): 8-bit codes and
+//! activations multiplied in pairs into 16-bit and 32-bit sums with AVX2's `vpmaddubsw` and
+//! `vpmaddwd`, and the rounding that makes the 8-bit activations.
+//!
+//! They are LLVM intrinsics of 256-bit AVX2 instructions, which every x86 level Kiln compiles
+//! for with `--precision q8` has (x86-64-v3 and up, AVX-512 machines included).
+
+use super::{Kb, lanes_of};
+use melior::ir::{Value, ValueLike};
+
+impl<'c, 'a> Kb<'c, 'a> {
+    /// `vpmaddubsw`: i16 lane `i` is `u[2i] * s[2i] + u[2i + 1] * s[2i + 1]`, `u`'s 32 bytes read
+    /// as unsigned, `s`'s as signed, the sum saturated to i16 (callers keep it in range).
+    pub fn madd_u8_i8(&self, u: Value<'c, '_>, s: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx2.pmadd.ub.sw", &[u, s], self.vec_ty(16, "i16"))
+    }
+
+    /// `vpmaddwd`: i32 lane `i` is `a[2i] * b[2i] + a[2i + 1] * b[2i + 1]` (16 i16 lanes each).
+    pub fn madd_i16(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx2.pmadd.wd", &[a, b], self.vec_ty(8, "i32"))
+    }
+
+    /// `vpsignb`: each byte of `a` negated where `b`'s is negative, zeroed where it is zero.
+    pub fn sign_bytes(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx2.psign.b", &[a, b], self.vec_ty(32, "i8"))
+    }
+
+    /// `vcvtps2dq`: 8 f32 lanes to i32, rounded to nearest even (the default rounding mode).
+    pub fn round_to_i32(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx.cvt.ps2dq.256", &[v], self.vec_ty(8, "i32"))
+    }
+
+    /// Integer lanes narrowed to `elem` (the low bits kept).
+    pub fn trunci(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
+        self.op1("arith.trunci", &[v], self.retyped(v, elem), &[])
+    }
+
+    /// The sum of an integer vector's lanes (wrapping; callers keep it in range).
+    pub fn reduce_add_int(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        let elem = self.ty(&super::elem_of(v));
+        self.op1(
+            "vector.reduction",
+            &[v],
+            elem,
+            &[("kind", self.attr("#vector.kind<add>"))],
+        )
+    }
+
+    /// `v` with lane 0 replaced by the scalar `s`.
+    pub fn insert_first(&self, s: Value<'c, '_>, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1(
+            "vector.insert",
+            &[s, v],
+            v.r#type(),
+            &[("static_position", self.attr("array<i64: 0>"))],
+        )
+    }
+
+    /// `|v|` of f32 lanes, by clearing the sign bits.
+    pub fn abs_f32(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        let bits = self.bitcast(v, "i32");
+        let mask = self.int_splat(0x7fff_ffff, lanes_of(v), "i32");
+        self.bitcast(self.andi(bits, mask), "f32")
+    }
+}

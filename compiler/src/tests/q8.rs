@@ -1,0 +1,223 @@
+//! `--precision q8`: matmuls over GGML block weights with the activations rounded to 8 bits
+//! per group of 32 (`emit/quant8.rs`). Checked against an f64 reference that rounds the
+//! activations by the mode's rule independently (`q = round_ties_even(x · 127 / max|x|)`, value
+//! `q · max|x| / 127`) and multiplies them by the reference-dequantised weights; decode, a
+//! batched decode step and prefill agree bit for bit; the fused gate/up equals the two matmuls.
+
+use super::quant::{assert_bits, random_blocks, reference, widths};
+use super::{Rng, TestLib, ptr};
+use kiln_core::kernel::DECODE_ROWS;
+use kiln_core::{Act, CompileOptions, DType, Kernel, Precision};
+
+const ROWS: usize = 12;
+
+const FORMATS: [DType; 8] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+fn options(lanes: usize) -> CompileOptions {
+    CompileOptions {
+        precision: Precision::Q8,
+        ..CompileOptions::new(ROWS, lanes)
+    }
+}
+
+fn matmul(dtype: DType, n: usize, k: usize, bias: bool, accumulate: bool, max_rows: usize) -> Kernel {
+    Kernel::MatMul {
+        n,
+        k,
+        wdtype: dtype,
+        bias: bias.then_some(DType::F32),
+        accumulate,
+        norm: None,
+        act: None,
+        softcap: None,
+        max_rows,
+    }
+}
+
+/// `(n, k, bias, accumulate)`: 3 and 8 blocks of the 32-element formats (a step of one and of
+/// several blocks), 2 and 3 super-blocks of the k-quants; n leaves remainders of every tile.
+fn shapes(dtype: DType) -> [(usize, usize, bool, bool); 2] {
+    if dtype.block_elems() == 32 {
+        [(20, 96, true, false), (13, 256, false, true)]
+    } else {
+        [(20, 512, true, false), (13, 768, false, true)]
+    }
+}
+
+/// The mode's rounding of one row, written independently of the emitter: per group of 32, the
+/// f32 scale `max|x| / 127` and codes rounded to nearest even; returns the rounded values.
+fn rounded_row(x: &[f32]) -> Vec<f64> {
+    x.chunks_exact(32)
+        .flat_map(|g| {
+            let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            g.iter()
+                .map(move |&v| (v * inv).round_ties_even() as f64 * d as f64)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `Σ w·â` in f64 per output, with an error scale: a few f32 roundings of the terms' sizes,
+/// where a term's size allows for the code and offset parts the kernel sums separately (each
+/// as large as the largest weight of its 16-element window).
+fn reference_rows(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize) -> Vec<(f64, f64)> {
+    let window: Vec<f64> = w
+        .chunks_exact(16)
+        .map(|c| c.iter().fold(0f64, |m, v| m.max(v.abs() as f64)))
+        .collect();
+    (0..rows)
+        .flat_map(|r| {
+            let xr = rounded_row(&x[r * k..(r + 1) * k]);
+            let window = &window;
+            (0..n).map(move |j| {
+                let (mut s, mut mag) = (0.0, 0.0);
+                for c in 0..k {
+                    let wv = w[j * k + c] as f64;
+                    s += wv * xr[c];
+                    mag += (wv.abs() + 2.0 * window[(j * k + c) / 16]) * xr[c].abs();
+                }
+                (s, 8.0 * f32::EPSILON as f64 * mag + 1e-30)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn q8_matmuls_match_the_rounded_reference_and_decode_equals_prefill() {
+    for lanes in widths().into_iter().filter(|&l| l >= 8) {
+        let mut kernels = Vec::new();
+        for dtype in FORMATS {
+            for (n, k, bias, acc) in shapes(dtype) {
+                for max_rows in [ROWS, DECODE_ROWS, 1] {
+                    kernels.push(matmul(dtype, n, k, bias, acc, max_rows));
+                }
+            }
+        }
+        let lib = TestLib::build(&kernels, &options(lanes), None);
+        let mut rng = Rng(0x9800 + lanes as u64);
+        for dtype in FORMATS {
+            for (n, k, bias, accumulate) in shapes(dtype) {
+                let what = format!("{dtype} n{n} k{k}, {lanes} lanes");
+                let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+                let wv = reference(dtype, &w);
+                let mut bv = rng.vec(n);
+                // Some all-zero groups: their scale is 0 and their codes too.
+                let mut x = rng.vec(ROWS * k);
+                x[..32].fill(0.0);
+                let y0 = rng.vec(ROWS * n);
+                let want = reference_rows(&x, &wv, ROWS, n, k);
+                let mut y = y0.clone();
+                let mut ptrs = vec![ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
+                if bias {
+                    ptrs.push(ptr(&mut bv));
+                }
+                lib.call(&matmul(dtype, n, k, bias, accumulate, ROWS), &ptrs, ROWS, 2);
+                for (i, (&g, &(s, tol))) in y.iter().zip(&want).enumerate() {
+                    let extra = if bias { bv[i % n] as f64 } else { 0.0 } + if accumulate { y0[i] as f64 } else { 0.0 };
+                    let err = (g as f64 - (s + extra)).abs();
+                    let tol = tol + 2.0 * f32::EPSILON as f64 * (s.abs() + extra.abs());
+                    assert!(
+                        err <= tol,
+                        "{what} prefill [{i}]: got {g}, want {} (|err| {err:e} > {tol:e})",
+                        s + extra
+                    );
+                }
+                // Decode one row at a time, and a batched step, bit for bit as prefill.
+                for r in 0..ROWS {
+                    let mut xr = x[r * k..(r + 1) * k].to_vec();
+                    let mut yr = y0[r * n..(r + 1) * n].to_vec();
+                    let mut ptrs = vec![ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)];
+                    if bias {
+                        ptrs.push(ptr(&mut bv));
+                    }
+                    lib.call(&matmul(dtype, n, k, bias, accumulate, 1), &ptrs, 1, 3);
+                    assert_bits(
+                        &yr,
+                        &y[r * n..(r + 1) * n],
+                        &format!("{what} row {r}: decode = prefill"),
+                    );
+                }
+                let rows_b = 5;
+                let mut xb = x[..DECODE_ROWS * k].to_vec();
+                let mut yb = y0[..DECODE_ROWS * n].to_vec();
+                let mut ptrs = vec![ptr(&mut xb), w.as_mut_ptr(), ptr(&mut yb)];
+                if bias {
+                    ptrs.push(ptr(&mut bv));
+                }
+                lib.call(&matmul(dtype, n, k, bias, accumulate, DECODE_ROWS), &ptrs, rows_b, 2);
+                assert_bits(
+                    &yb[..rows_b * n],
+                    &y[..rows_b * n],
+                    &format!("{what}: batched = prefill"),
+                );
+                assert_eq!(
+                    &yb[rows_b * n..],
+                    &y0[rows_b * n..DECODE_ROWS * n],
+                    "{what}: rows past `rows` untouched"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_gate_up_equals_the_two_matmuls() {
+    let (n, k) = (24, 512);
+    for (gate_dtype, up_dtype) in [
+        (DType::Q4K, DType::Q4K),
+        (DType::Q4_0, DType::Q6K),
+        (DType::Q3K, DType::Q8_0),
+    ] {
+        let gate_up = Kernel::GateUp {
+            n,
+            k,
+            gate_dtype,
+            up_dtype,
+            norm: None,
+            act: Act::Silu,
+            max_rows: 1,
+        };
+        let (mg, mu) = (
+            matmul(gate_dtype, n, k, false, false, 1),
+            matmul(up_dtype, n, k, false, false, 1),
+        );
+        let mut kernels = vec![gate_up.clone(), mg.clone(), mu.clone()];
+        kernels.dedup();
+        let lib = TestLib::build(&kernels, &options(8), None);
+        let mut rng = Rng(0x6a7e);
+        let mut x = rng.vec(k);
+        let mut wg = random_blocks(&mut rng, gate_dtype, n * k / gate_dtype.block_elems(), false);
+        let mut wu = random_blocks(&mut rng, up_dtype, n * k / up_dtype.block_elems(), false);
+        let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
+        lib.call(
+            &gate_up,
+            &[ptr(&mut x), wg.as_mut_ptr(), ptr(&mut g), wu.as_mut_ptr(), ptr(&mut u)],
+            1,
+            2,
+        );
+        let (mut g0, mut u0) = (vec![0f32; n], vec![0f32; n]);
+        lib.call(&mg, &[ptr(&mut x), wg.as_mut_ptr(), ptr(&mut g0)], 1, 2);
+        lib.call(&mu, &[ptr(&mut x), wu.as_mut_ptr(), ptr(&mut u0)], 1, 2);
+        assert_bits(&u, &u0, &format!("{gate_dtype}/{up_dtype}: up projection"));
+        for i in 0..n {
+            let silu = g0[i] / (1.0 + (-g0[i]).exp());
+            assert!(
+                (g[i] - silu * u0[i]).abs() <= 1e-5 * (1.0 + g[i].abs()),
+                "{gate_dtype}/{up_dtype} gate {i}: {} vs {}",
+                g[i],
+                silu * u0[i]
+            );
+        }
+    }
+}
