@@ -72,33 +72,42 @@ pub fn emit_gate_up<'c, 'a>(
     let act_lanes = lanes_for(n, max_lanes);
     let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
     let float_group = (decode_float_rows(lanes) / 2).max(1).min(n);
-    with_decode_cols(b, d, *gate_dtype, lanes, n, max_rows, |b, quant_group| {
-        let group = if gate_dtype.is_quantized() {
-            quant_group
-        } else {
-            float_group
-        };
-        let align = lcm(group, act_lanes);
-        decode_split(
-            b,
-            d,
-            n,
-            align,
-            group,
-            row_bytes,
-            |b, col, cols, end| {
-                gate_mm.decode_rows(b, w_gate, *gate_dtype, col, cols, end, d, max_rows);
-                up_mm.decode_rows(b, w_up, *up_dtype, col, cols, end, d, max_rows);
-            },
-            |b, start, end| {
-                b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
-                    b.for_each(start, end, b.idx(act_lanes), |b, i| {
-                        gated_at(b, *act, gate, up, &[r, i], act_lanes)
+    with_decode_cols(
+        b,
+        d,
+        *gate_dtype,
+        lanes,
+        n,
+        max_rows,
+        gate_mm.q8.is_some(),
+        |b, quant_group| {
+            let group = if gate_dtype.is_quantized() {
+                quant_group
+            } else {
+                float_group
+            };
+            let align = lcm(group, act_lanes);
+            decode_split(
+                b,
+                d,
+                n,
+                align,
+                group,
+                row_bytes,
+                |b, col, cols, end| {
+                    gate_mm.decode_rows(b, w_gate, *gate_dtype, col, cols, end, d, max_rows);
+                    up_mm.decode_rows(b, w_up, *up_dtype, col, cols, end, d, max_rows);
+                },
+                |b, start, end| {
+                    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+                        b.for_each(start, end, b.idx(act_lanes), |b, i| {
+                            gated_at(b, *act, gate, up, &[r, i], act_lanes)
+                        });
                     });
-                });
-            },
-        );
-    });
+                },
+            );
+        },
+    );
 }
 
 fn lcm(a: usize, b: usize) -> usize {

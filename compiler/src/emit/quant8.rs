@@ -236,12 +236,10 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         let word = self.load(off, 4);
         let spread = b.shuffle_any(word, word, &(0..32).map(|j| j / 8).collect::<Vec<_>>());
         let bit: Vec<i64> = (0..32).map(|j| 1 << (j % 8)).collect();
-        let set = b.cmpi(
-            crate::ir::Cmp::Ne,
-            b.andi(spread, b.int_vec(&bit, "i8")),
-            self.splat8(0, 32),
-        );
-        let h = b.select(set, self.splat8(16, 32), self.splat8(0, 32));
+        let bit = b.int_vec(&bit, "i8");
+        // All ones where the bit is set (`vpcmpeqb`), masked to 16.
+        let set = b.extsi(b.cmpi(crate::ir::Cmp::Eq, b.andi(spread, bit), bit), "i8");
+        let h = b.andi(set, self.splat8(16, 32));
         self.high = Some(h);
         h
     }
@@ -274,6 +272,41 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                 &[2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1],
             ),
             _ => s,
+        }
+    }
+
+    /// The products `D·d` of every group of the block with activation row `r`'s group scales,
+    /// made at once for a block that one row alone reads (one multiply per block instead of a
+    /// broadcast and a multiply per group; the same products, so the same bits). [`Self::pick`]
+    /// takes group `g`'s lanes.
+    pub fn row_scales(&mut self, acts: &Acts<'c, '_>, r: Value<'c, '_>, blk: Value<'c, '_>) -> Value<'c, 'a> {
+        let b = self.b;
+        let groups = self.groups();
+        let s = self.scale();
+        match self.dtype {
+            DType::Q4K | DType::Q5K => {
+                let d = b.load_f32(acts.d, &[r, b.muli(blk, b.idx(groups))], 8);
+                b.mulf(b.slice(s, 0, 8), d)
+            }
+            DType::Q6K => {
+                let d = b.load_f32(acts.d, &[r, b.muli(blk, b.idx(groups))], 8);
+                b.mulf(s, b.shuffle(d, d, &(0..16).map(|i| i / 2).collect::<Vec<_>>()))
+            }
+            _ => b.mulf(s, b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8)),
+        }
+    }
+
+    /// Group `g`'s `D·d` per lane from [`Self::row_scales`].
+    pub fn pick(&self, scales: Value<'c, 'a>, g: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        match self.dtype {
+            DType::Q4K | DType::Q5K => b.shuffle(scales, scales, &[g; 8]),
+            DType::Q6K => b.shuffle(
+                scales,
+                scales,
+                &[2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1],
+            ),
+            _ => scales,
         }
     }
 

@@ -209,9 +209,10 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 /// walk fewer quantised ones, so a tile of activation rows ([`decode_row_tile`]) fits beside
 /// them (each block is dequantised once per tile: with four weight rows and tiles of two
 /// activation rows, eight rows of the 135M Q4_1 demo decoded only 1.6x the tokens of one).
-pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool) -> usize {
+pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool, q8: bool) -> usize {
     match (dtype.is_quantized(), several_rows) {
         (false, _) => decode_float_rows(lanes),
+        (true, false) if q8 => super::q8::q8_cols(dtype),
         (true, false) => decode_quant_rows(dtype, lanes),
         (true, true) => {
             if lanes >= 16 {
@@ -225,6 +226,7 @@ pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: boo
 
 /// Runs `body(b, cols)` with the weight rows per step [`decode_cols`] gives for this call's
 /// rows: one branch per distinct count (one when they agree or the kernel takes one row).
+#[allow(clippy::too_many_arguments)]
 pub(in crate::emit) fn with_decode_cols<'c, F>(
     b: Kb<'c, '_>,
     d: Dyn<'c, '_>,
@@ -232,12 +234,13 @@ pub(in crate::emit) fn with_decode_cols<'c, F>(
     lanes: usize,
     n: usize,
     max_rows: usize,
+    q8: bool,
     body: F,
 ) where
     F: for<'x> Fn(Kb<'c, 'x>, usize),
 {
-    let one = decode_cols(dtype, lanes, false).min(n);
-    let several = decode_cols(dtype, lanes, true).min(n);
+    let one = decode_cols(dtype, lanes, false, q8).min(n);
+    let several = decode_cols(dtype, lanes, true, q8).min(n);
     if max_rows == 1 || one == several {
         return body(b, one);
     }
@@ -331,7 +334,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         d: Dyn<'c, '_>,
         max_rows: usize,
     ) {
-        with_decode_cols(b, d, dtype, self.lanes, n, max_rows, |b, group| {
+        with_decode_cols(b, d, dtype, self.lanes, n, max_rows, self.q8.is_some(), |b, group| {
             decode_split(
                 b,
                 d,
