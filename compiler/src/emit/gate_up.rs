@@ -23,8 +23,9 @@ pub fn emit_gate_up<'c, 'a>(
     p: &[Value<'c, 'a>],
     d: Dyn<'c, 'a>,
     max_lanes: usize,
-    precision: kiln_core::Precision,
+    opts: &kiln_core::CompileOptions,
 ) {
+    let precision = opts.precision;
     let Kernel::GateUp {
         n,
         k,
@@ -47,8 +48,8 @@ pub fn emit_gate_up<'c, 'a>(
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
     let lanes = lanes_for(k, max_lanes);
     // One rounding of the rows serves both projections when the mode covers both.
-    let q8 = q8_acts(b, d, x, *gate_dtype, k, max_rows, precision)
-        .or_else(|| q8_acts(b, d, x, *up_dtype, k, max_rows, precision));
+    let q8 =
+        q8_acts(b, d, x, *gate_dtype, k, max_rows, opts).or_else(|| q8_acts(b, d, x, *up_dtype, k, max_rows, opts));
     let q8_for = |dtype: kiln_core::DType| q8.filter(|_| super::quant8::supports(dtype));
     let projection = |y, dtype| MatMul {
         k,

@@ -86,10 +86,10 @@ pub(super) fn q8_acts<'c, 'a>(
     dtype: DType,
     k: usize,
     max_rows: usize,
-    precision: kiln_core::Precision,
+    opts: &kiln_core::CompileOptions,
 ) -> Option<quant8::Acts<'c, 'a>> {
-    (precision == kiln_core::Precision::Q8 && quant8::supports(dtype))
-        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows))
+    (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype))
+        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts)))
 }
 
 /// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.
@@ -101,8 +101,9 @@ pub fn emit_matmul<'c, 'a>(
     p: &[Value<'c, 'a>],
     d: Dyn<'c, 'a>,
     max_lanes: usize,
-    precision: kiln_core::Precision,
+    opts: &kiln_core::CompileOptions,
 ) {
+    let precision = opts.precision;
     let Kernel::MatMul {
         n,
         k,
@@ -144,7 +145,7 @@ pub fn emit_matmul<'c, 'a>(
         act: *act,
         softcap: *softcap,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
-        q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, precision),
+        q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, opts),
     };
     let w = p[1];
     // `--precision q8` prefills with decode's code: row tiles over each weight row's blocks,

@@ -105,8 +105,8 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
         match kernel {
             Kernel::Embed { .. } => elementwise::emit_embed(b, kernel, p, d, lanes),
             Kernel::Norm { .. } => norm::emit_norm(b, kernel, p, d, lanes),
-            Kernel::MatMul { .. } => matmul::emit_matmul(b, kernel, p, d, lanes, opts.precision),
-            Kernel::GateUp { .. } => gate_up::emit_gate_up(b, kernel, p, d, lanes, opts.precision),
+            Kernel::MatMul { .. } => matmul::emit_matmul(b, kernel, p, d, lanes, opts),
+            Kernel::GateUp { .. } => gate_up::emit_gate_up(b, kernel, p, d, lanes, opts),
             Kernel::RopeKv { .. } => rope::emit_rope_kv(b, kernel, p, d, lanes),
             Kernel::Attention { .. } => attention::emit_attention(b, kernel, p, d, lanes),
             Kernel::GatedAct { .. } => elementwise::emit_gated_act(b, kernel, p, d, lanes),

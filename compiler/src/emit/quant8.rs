@@ -53,11 +53,26 @@ pub struct Acts<'c, 'a> {
     /// `memref<R x k/16 x f32>`: `d · Σ q` over each half group (the k-quants with scales per
     /// 16 elements).
     pub s16: Value<'c, 'a>,
+    /// Whether dot products use `vpdpbusd` ([`vnni`]).
+    pub vnni: bool,
+}
+
+/// Whether this library may use `vpdpbusd` on 256-bit vectors: the host's own code (no
+/// `--target-cpu`) on a CPU with AVX-VNNI or AVX512-VNNI with AVX512-VL. One instruction for
+/// `vpmaddubsw` + `vpmaddwd`, with the same sums (the pairs never saturate, see the module's
+/// note), so the same bits either way.
+pub fn vnni(opts: &kiln_core::CompileOptions) -> bool {
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let host = *HOST.get_or_init(|| {
+        let cpu = kiln_core::HostCpu::detect();
+        cpu.has("avx_vnni") || (cpu.has("avx512_vnni") && cpu.has("avx512vl"))
+    });
+    opts.target_cpu.is_none() && host && cfg!(target_arch = "x86_64")
 }
 
 impl<'c, 'a> Acts<'c, 'a> {
     /// Rounds the call's rows (`d.rows` of at most `max_rows`) of `x` (`[rows, k]` f32).
-    pub fn quantise(b: Kb<'c, 'a>, d: Dyn<'c, '_>, x: Value<'c, '_>, k: usize, max_rows: usize) -> Self {
+    pub fn quantise(b: Kb<'c, 'a>, d: Dyn<'c, '_>, x: Value<'c, '_>, k: usize, max_rows: usize, vnni: bool) -> Self {
         assert!(k.is_multiple_of(GROUP), "k = {k} is not a multiple of {GROUP}");
         let groups = k / GROUP;
         let acts = Acts {
@@ -65,6 +80,7 @@ impl<'c, 'a> Acts<'c, 'a> {
             d: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             s32: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             s16: b.alloca(&format!("memref<{max_rows}x{}xf32>", 2 * groups)),
+            vnni,
         };
         b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
             b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, j| {
@@ -311,14 +327,21 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     }
 
     /// `Σ c·q` of group `g`'s codes and 32 activation codes, as 8 i32 lanes.
-    pub fn dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>) -> Value<'c, 'a> {
+    pub fn dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>, vnni: bool) -> Value<'c, 'a> {
         let b = self.b;
-        let pairs = if self.dtype == DType::Q8_0 {
-            b.madd_u8_i8(b.sign_bytes(codes, codes), b.sign_bytes(q, codes))
-        } else {
-            b.madd_u8_i8(codes, q)
-        };
-        b.madd_i16(pairs, b.int_splat(1, 16, "i16"))
+        if self.dtype == DType::Q8_0 {
+            return self.pair_dot(b.sign_bytes(codes, codes), b.sign_bytes(q, codes), vnni);
+        }
+        self.pair_dot(codes, q, vnni)
+    }
+
+    /// `Σ u·s` per 4 bytes (unsigned `u`, signed `s`) as 8 i32 lanes.
+    fn pair_dot(&self, u: Value<'c, '_>, s: Value<'c, '_>, vnni: bool) -> Value<'c, 'a> {
+        let b = self.b;
+        if vnni {
+            return b.dot_u8_i8(b.int_splat(0, 8, "i32"), u, s);
+        }
+        b.madd_i16(b.madd_u8_i8(u, s), b.int_splat(1, 16, "i16"))
     }
 
     /// `acc` plus the block's offset or min terms for activation row `r` (`M · d·Σq` per scale

@@ -20,6 +20,14 @@ impl<'c, 'a> Kb<'c, 'a> {
         self.intrinsic("llvm.x86.avx2.pmadd.wd", &[a, b], self.vec_ty(8, "i32"))
     }
 
+    /// `vpdpbusd` (AVX-VNNI, or AVX512-VNNI with VL): i32 lane `i` of `acc` plus the four
+    /// products `u[4i + j] * s[4i + j]` (`u`'s bytes unsigned, `s`'s signed), without the
+    /// intermediate i16 saturation of `vpmaddubsw`. LLVM 22 declares its operands as bytes
+    /// (`<32 x i8>`; earlier versions as `<8 x i32>`).
+    pub fn dot_u8_i8(&self, acc: Value<'c, '_>, u: Value<'c, '_>, s: Value<'c, '_>) -> Value<'c, 'a> {
+        self.intrinsic("llvm.x86.avx512.vpdpbusd.256", &[acc, u, s], self.vec_ty(8, "i32"))
+    }
+
     /// `vpsignb`: each byte of `a` negated where `b`'s is negative, zeroed where it is zero.
     pub fn sign_bytes(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.intrinsic("llvm.x86.avx2.psign.b", &[a, b], self.vec_ty(32, "i8"))

@@ -75,7 +75,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         };
                         for (i, &r) in rows.iter().enumerate() {
                             let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-                            let sums = b.sitofp(block.dot(codes, q));
+                            let sums = b.sitofp(block.dot(codes, q, acts.vnni));
                             let dd = match (one_row, scale) {
                                 (Some(s), _) => block.pick(s, g),
                                 (None, Some(s)) => b.mulf(s, b.broadcast(b.load_f32(acts.d, &[r, ag], 1), LANES)),
