@@ -313,12 +313,7 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
                 // registers (AVX2), LLVM extracts and inserts every bit in scalar code (about
                 // 100 scalar instructions per 32-element block, measured in the x86-64-v3
                 // assembly).
-                let (qh, qs) = match self.dtype {
-                    DType::Q4_0 => (None, 2),
-                    DType::Q4_1 => (None, 4),
-                    DType::Q5_0 => (Some(2), 6),
-                    _ => (Some(4), 8),
-                };
+                let (qh, qs) = nibble_layout(self.dtype);
                 let raw = self.blk.bytes(qs + e % 16, lanes, false);
                 let mut code = if e < 16 {
                     b.andi(raw, self.blk.c(15))
@@ -522,6 +517,19 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
             &(0..16).map(|s| if s < 8 { s } else { 16 + s }).collect::<Vec<_>>(),
         );
         b.mulf(six, dm)
+    }
+}
+
+/// Byte offsets within a q4_0, q4_1, q5_0 or q5_1 block of the 5-bit formats' high-bit word
+/// `qh` (none for the 4-bit ones) and of the 16 nibble bytes `qs` (after the f16 scale, and the
+/// f16 min of q4_1/q5_1).
+pub fn nibble_layout(dtype: DType) -> (Option<usize>, usize) {
+    match dtype {
+        DType::Q4_0 => (None, 2),
+        DType::Q4_1 => (None, 4),
+        DType::Q5_0 => (Some(2), 6),
+        DType::Q5_1 => (Some(4), 8),
+        other => unreachable!("{other} is not a 32-element nibble format"),
     }
 }
 

@@ -193,12 +193,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
                 // Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the
                 // 5-bit formats add bit j of the little-endian u32 qh as bit 4.
-                let (qh, qs) = match self.dtype {
-                    DType::Q4_0 => (None, 2),
-                    DType::Q4_1 => (None, 4),
-                    DType::Q5_0 => (Some(2), 6),
-                    _ => (Some(4), 8),
-                };
+                let (qh, qs) = super::quant::nibble_layout(self.dtype);
                 let raw = self.load(qs, 16);
                 let lo = b.andi(raw, self.splat8(15, 16));
                 let hi = b.shrui(raw, self.splat8(4, 16));
