@@ -228,6 +228,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "weight_bytes": weight_bytes,
         "kv_bytes": footprint.kv,
         "kv_dtype": spec.kv_elem().name(),
+        "precision": opts.precision,
+        "target_cpu": opts.target_cpu,
         "activation_bytes": footprint.activations,
     });
     if args.json {

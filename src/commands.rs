@@ -375,6 +375,7 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
                 "bos_token_id": loaded.bos_token_id,
                 "kernels": kernels,
                 "kv_dtype": spec.kv_elem().name(),
+                "precision": opts.precision,
                 "cache_key": key.to_string(),
                 "cache_state": state,
                 "budget_plan": budget.as_ref().map(|(p, b, f, _)| crate::budget::to_json(p, *b, f)),

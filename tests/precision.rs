@@ -194,3 +194,41 @@ fn q8_precision_prefill_and_decode_agree() {
         );
     }
 }
+
+#[test]
+fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
+    let model = fixture("gguf/llama-q4_0.gguf");
+    let model = model.to_str().unwrap();
+    let kiln = |args: &[&str]| -> serde_json::Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .env("KILN_CACHE_DIR", cache_dir())
+            .output()
+            .expect("kiln runs");
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("JSON")
+    };
+    let exact = kiln(&["info", model, "--json"]);
+    let q8 = kiln(&["info", model, "--json", "--precision", "q8"]);
+    assert_eq!(exact["precision"], "exact");
+    assert_eq!(q8["precision"], "q8");
+    assert_ne!(
+        exact["cache_key"], q8["cache_key"],
+        "the mode changes the code, so the key"
+    );
+    let bench = kiln(&[
+        "bench",
+        model,
+        "--json",
+        "--precision",
+        "q8",
+        "--reps",
+        "1",
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "2",
+        "--no-probe",
+    ]);
+    assert_eq!(bench["precision"], "q8");
+}
