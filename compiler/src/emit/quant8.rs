@@ -272,18 +272,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
 
     /// `D` for each lane of group `g`'s 8 i32 sums (lane `i` sums elements `4i..4i + 4`).
     pub fn group_scale(&mut self, g: usize) -> Value<'c, 'a> {
-        let b = self.b;
         let s = self.scale();
-        match self.dtype {
-            DType::Q4K | DType::Q5K => b.shuffle(s, s, &[g; 8]),
-            // Scales per 16 elements: lanes 0..4 take sub-block 2g's, lanes 4..8 2g + 1's.
-            DType::Q6K => b.shuffle(
-                s,
-                s,
-                &[2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1],
-            ),
-            _ => s,
-        }
+        self.pick(s, g)
     }
 
     /// The products `D·d` of every group of the block with activation row `r`'s group scales,
@@ -307,7 +297,9 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         }
     }
 
-    /// Group `g`'s `D·d` per lane from [`Self::row_scales`].
+    /// Group `g`'s lanes of a block-wide vector of per-group factors (the block's scales, or
+    /// [`Self::row_scales`]): lane `i` sums elements `4i..4i + 4`, so q6_k's lanes 0..4 take
+    /// sub-block `2g`'s factor and lanes 4..8 sub-block `2g + 1`'s.
     pub fn pick(&self, scales: Value<'c, 'a>, g: usize) -> Value<'c, 'a> {
         let b = self.b;
         match self.dtype {
