@@ -69,17 +69,17 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         let codes = block.codes(g);
                         let ag = b.addi(b.muli(blk, b.idx(groups)), b.idx(g));
                         let k0 = b.muli(ag, b.idx(GROUP));
+                        // One row: the group's `D·d`, made. Several: its `D`, times each row's `d`.
                         let scale = match one_row {
-                            Some(_) => None,
-                            None => Some(block.group_scale(g)),
+                            Some(s) => block.pick(s, g),
+                            None => block.group_scale(g),
                         };
                         for (i, &r) in rows.iter().enumerate() {
                             let q = b.load_bytes(acts.q, &[r, k0], GROUP);
                             let sums = b.sitofp(block.dot(codes, q, acts.vnni));
-                            let dd = match (one_row, scale) {
-                                (Some(s), _) => block.pick(s, g),
-                                (None, Some(s)) => b.mulf(s, b.broadcast(b.load_f32(acts.d, &[r, ag], 1), LANES)),
-                                (None, None) => unreachable!("a scale either way"),
+                            let dd = match one_row {
+                                Some(_) => scale,
+                                None => b.mulf(scale, b.broadcast(b.load_f32(acts.d, &[r, ag], 1), LANES)),
                             };
                             acc[i * ncols + c] = b.fma(sums, dd, acc[i * ncols + c]);
                         }
