@@ -304,7 +304,8 @@ impl Footprint {
                 .map(|b| (b.row_bytes() * n) as u64)
                 .sum()
         };
-        let kv = sum(Rows::Cache, ctx * slots);
+        // Recurrent state is held like the KV cache, but its size does not grow with `ctx`.
+        let kv = sum(Rows::Cache, ctx * slots) + sum(Rows::State, slots);
         Footprint {
             head: bytes(u.head),
             head_chunk,

@@ -41,6 +41,60 @@ pub enum Layout {
     /// A q or k projection (or bias) of `heads` heads whose rows llama.cpp's converter
     /// permuted for its adjacent-pair RoPE (GGUF `llama` files).
     RopePermuted { heads: usize },
+    /// Rows stored as `heads` runs of `parts` equal parts each (Qwen3.5's `q_proj`: each head's
+    /// query rows, then its gate rows), read part-major: every head's first part, then every
+    /// head's second part, ... so each part of all heads is one contiguous row view.
+    HeadParts { heads: usize, parts: usize },
+}
+
+impl Layout {
+    /// Whether the layout only moves whole rows (elements, for a vector): the kernels' tensor
+    /// is the stored rows in the order [`Layout::row_order`] gives. A quantised row is whole
+    /// blocks, so this is a byte-row permutation whatever the storage type. `Plain` moves
+    /// nothing and `Transposed` moves elements, not rows.
+    pub fn reorders_rows(&self) -> bool {
+        matches!(self, Layout::RopePermuted { .. } | Layout::HeadParts { .. })
+    }
+
+    /// For a layout that reorders rows, on a tensor of `rows` rows (elements, for a vector):
+    /// `order[kernel_row]` is the stored row that holds `kernel_row`, so the tensor the kernels
+    /// read is `out.row(r) = stored.row(order[r])`.
+    ///
+    /// `None` for a layout that does not reorder rows ([`Layout::reorders_rows`]), and when
+    /// `rows` cannot be split as the layout says: `RopePermuted { heads }` needs a multiple of
+    /// `2 * heads`, `HeadParts { heads, parts }` a multiple of `heads * parts` (`heads` and
+    /// `parts` not 0).
+    pub fn row_order(&self, rows: usize) -> Option<Vec<usize>> {
+        match *self {
+            Layout::Plain | Layout::Transposed => None,
+            Layout::RopePermuted { heads } => {
+                // llama.cpp's converter ran `w.reshape(heads, 2, d / 2, ...).swapaxes(1, 2)`:
+                // within a head of `d` rows, kernel (Hugging Face) row `j * d/2 + i` is stored
+                // row `2i + j`.
+                if heads == 0 || !rows.is_multiple_of(heads.checked_mul(2)?) {
+                    return None;
+                }
+                let d = rows / heads;
+                let half = d / 2;
+                let stored = |r: usize| r - r % d + 2 * (r % d % half) + r % d / half;
+                Some((0..rows).map(stored).collect())
+            }
+            Layout::HeadParts { heads, parts } => {
+                let runs = heads.checked_mul(parts)?;
+                if runs == 0 || !rows.is_multiple_of(runs) {
+                    return None;
+                }
+                // Kernel row `(part * heads + head) * d + i` is stored row
+                // `(head * parts + part) * d + i`.
+                let d = rows / runs;
+                let stored = |r: usize| {
+                    let (part, head, i) = (r / (heads * d), r / d % heads, r % d);
+                    (head * parts + part) * d + i
+                };
+                Some((0..rows).map(stored).collect())
+            }
+        }
+    }
 }
 
 /// What a tensor is, which decides the storage types it may have.
@@ -156,6 +210,10 @@ pub enum Rows {
     /// A head-major KV cache: `max_position_embeddings` positions per head; `row_len` is
     /// `kv_heads * head_dim`.
     Cache,
+    /// A recurrent layer's state (Gated DeltaNet: the convolution's last inputs, the delta
+    /// rule's matrices): one row of `row_len` values per sequence slot, kept across calls
+    /// like a KV cache, but of a fixed size whatever the sequence's length.
+    State,
 }
 
 /// An activation buffer or cache owned by the engine.
@@ -235,6 +293,19 @@ impl ModelSpec {
             .filter(|b| b.rows == Rows::Cache)
             .map(Buffer::row_bytes)
             .sum()
+    }
+    /// Bytes of recurrent state (all layers) one sequence holds, whatever its length.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.buffers
+            .iter()
+            .filter(|b| b.rows == Rows::State)
+            .map(Buffer::row_bytes)
+            .sum()
+    }
+    /// Whether the model carries recurrent state across calls: then a sequence cannot be cut
+    /// back to an arbitrary position (its state holds every earlier token), only restarted.
+    pub fn is_recurrent(&self) -> bool {
+        self.buffers.iter().any(|b| b.rows == Rows::State)
     }
     /// The element type of the KV caches (f32 unless [`ModelSpec::set_kv_elem`] changed it).
     pub fn kv_elem(&self) -> Elem {
@@ -351,5 +422,54 @@ impl ModelSpec {
                 .map_err(|e| format!("operation {i} ({}): {e}", op.kind.name()))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::Layout;
+
+    /// Invariant: `HeadParts` reads stored `[heads][parts][d]` rows part-major, as
+    /// `[parts][heads][d]`: part `p` of all heads is kernel rows `p * heads * d ..`, head by
+    /// head, each head's part in stored order.
+    #[test]
+    fn head_parts_row_order_is_part_major() {
+        let order = Layout::HeadParts { heads: 3, parts: 2 }.row_order(24).unwrap();
+        // Stored: head 0 query 0..4, head 0 gate 4..8, head 1 query 8..12, gate 12..16, ...
+        let expected = [
+            [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19],
+            [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23],
+        ];
+        assert_eq!(order, expected.concat());
+        // A permutation for any shape; one part or one head leaves the rows alone.
+        for (heads, parts, d) in [(1, 3, 2), (4, 3, 1), (2, 2, 5), (5, 1, 3), (1, 1, 7)] {
+            let order = Layout::HeadParts { heads, parts }.row_order(heads * parts * d).unwrap();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..heads * parts * d).collect::<Vec<_>>(), "{heads} {parts} {d}");
+            let identity = (0..order.len()).eq(order.iter().copied());
+            assert_eq!(identity, parts == 1 || heads == 1, "{heads} {parts} {d}");
+        }
+    }
+
+    /// Invariant: `row_order` is `None` exactly for layouts that move no rows and for row counts
+    /// the layout cannot split, and `reorders_rows` says which layouts move rows.
+    #[test]
+    fn row_order_rejects_rows_that_do_not_divide() {
+        let hp = |heads, parts| Layout::HeadParts { heads, parts };
+        assert!(hp(3, 2).row_order(25).is_none());
+        assert!(hp(3, 2).row_order(9).is_none());
+        assert!(hp(0, 2).row_order(8).is_none());
+        assert!(hp(2, 0).row_order(8).is_none());
+        assert!(hp(usize::MAX, 2).row_order(8).is_none());
+        assert_eq!(hp(3, 2).row_order(6).unwrap(), [0, 2, 4, 1, 3, 5]);
+        assert!(Layout::RopePermuted { heads: 3 }.row_order(10).is_none());
+        assert!(Layout::RopePermuted { heads: 0 }.row_order(8).is_none());
+        // One head of 4 rows: HF rows 0, 1 (first half) are stored rows 0, 2.
+        assert_eq!(Layout::RopePermuted { heads: 1 }.row_order(4).unwrap(), [0, 2, 1, 3]);
+        for layout in [Layout::Plain, Layout::Transposed] {
+            assert!(!layout.reorders_rows() && layout.row_order(8).is_none());
+        }
+        assert!(hp(3, 2).reorders_rows() && Layout::RopePermuted { heads: 1 }.reorders_rows());
     }
 }

@@ -177,6 +177,8 @@ impl Buffers {
                 // limit; the engine uses only the first `ctx` positions of each head of the
                 // `slots` sequences it serves, so only those pages are ever backed by memory.
                 Rows::Cache => AlignedBuf::reserved(row * spec.dims.max_position_embeddings * slots),
+                // A recurrent state: one row per slot, of a fixed size.
+                Rows::State => AlignedBuf::zeroed(row * slots),
             });
         }
         Buffers {

@@ -9,3 +9,4 @@ pub mod model;
 pub mod overlap;
 pub mod page_in;
 mod pread;
+mod reorder;

@@ -5,6 +5,7 @@
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
 use crate::pread::{self, Stored};
+use crate::reorder::Reordered;
 use kiln_core::files::{self, FileKind};
 use kiln_core::spec::Layout;
 use kiln_core::{DType, ModelSpec, WeightId};
@@ -186,22 +187,53 @@ fn owned_copy(bytes: &[u8]) -> AlignedBuf {
     buf
 }
 
+/// A 64-byte-aligned buffer of `len` bytes, zeroed, then written by `fill`.
+fn filled(len: usize, fill: impl FnOnce(&mut [u8])) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(len);
+    // SAFETY: `buf` holds at least `len` initialised (zeroed) bytes, borrowed exclusively
+    // through `&mut buf` for as long as the slice lives (this call).
+    fill(unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) });
+    buf
+}
+
 /// `[rows, cols]` elements of `elem` bytes each, transposed into `[cols, rows]`.
 fn transposed(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> AlignedBuf {
-    let mut out = vec![0u8; bytes.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            let (src, dst) = ((r * cols + c) * elem, (c * rows + r) * elem);
-            out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+    filled(bytes.len(), |out| {
+        for r in 0..rows {
+            for c in 0..cols {
+                let (src, dst) = ((r * cols + c) * elem, (c * rows + r) * elem);
+                out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+            }
+        }
+    })
+}
+
+/// How the bytes the kernels read are made from a tensor's stored bytes, when they differ.
+#[derive(Clone, Copy, Debug)]
+enum Rearranged {
+    /// `[rows, cols, element bytes]` as the kernels read it; the file holds `[cols, rows]`
+    /// (GPT-2's `Conv1D` weights).
+    Transposed([usize; 3]),
+    /// Whole rows (elements, for a vector) reordered: Qwen3.5's `q_proj` (and its bias), each
+    /// head's query rows then its gate rows in the file, all queries then all gates read.
+    Rows(Reordered),
+}
+
+impl Rearranged {
+    /// The tensor the kernels read, made from its stored bytes.
+    fn make(self, stored: &[u8]) -> AlignedBuf {
+        match self {
+            Rearranged::Transposed([rows, cols, elem]) => transposed(stored, cols, rows, elem),
+            Rearranged::Rows(r) => filled(stored.len(), |out| r.copy_into(stored, out)),
         }
     }
-    owned_copy(&out)
 }
 
 /// Safetensors weights as the engine sees them: each tensor of the spec in place in its
-/// mapping, except those stored transposed (GPT-2's `Conv1D` weights), copied into the layout
-/// the kernels read on their first `weight_ptr` (never for a tensor only streamed through
-/// `read_range`, which transposes as it reads).
+/// mapping, except those stored transposed (GPT-2's `Conv1D` weights) or with rows in another
+/// order (Qwen3.5's `q_proj`, see [`Layout::HeadParts`]), copied into the layout the kernels
+/// read on their first `weight_ptr` (never for a tensor only streamed through `read_range`,
+/// which rearranges as it reads).
 struct SafetensorsWeights {
     weights: Weights,
     /// Per tensor of the spec, in its order.
@@ -218,9 +250,9 @@ struct Slot {
     len: usize,
     /// Its address in the mapping (or the aligned copy [`Weights`] made of a misaligned one).
     ptr: usize,
-    /// `[rows, cols, element bytes]` of a tensor stored transposed (as the kernels read it:
-    /// the file holds `[cols, rows]`), and its copy once made.
-    transposed: Option<([usize; 3], OnceLock<AlignedBuf>)>,
+    /// How a tensor stored otherwise than the kernels read it is rearranged, and its copy
+    /// once made.
+    copy: Option<(Rearranged, OnceLock<AlignedBuf>)>,
 }
 
 impl SafetensorsWeights {
@@ -229,10 +261,17 @@ impl SafetensorsWeights {
         for w in &spec.weights {
             let t = weights.lookup(&w.name)?;
             let (file, start) = weights.locate(&w.name)?;
-            let transposed = match (w.layout, t.shape) {
+            let rearranged = match (w.layout, t.shape) {
                 // Stored `[cols, rows]`.
-                (Layout::Transposed, &[cols, rows]) => Some(([rows, cols, w.dtype.size()], OnceLock::new())),
-                _ => None,
+                (Layout::Transposed, &[cols, rows]) => Some(Rearranged::Transposed([rows, cols, w.dtype.size()])),
+                // Rows reordered (checked now, copied on first access); else as stored.
+                _ => Reordered::of(w.layout, t.shape, t.len_bytes())
+                    .map_err(|problem| ModelError::BadTensor {
+                        path: t.path.to_path_buf(),
+                        tensor: w.name.clone(),
+                        problem,
+                    })?
+                    .map(Rearranged::Rows),
             };
             slots.push(Slot {
                 name: w.name.clone(),
@@ -240,7 +279,7 @@ impl SafetensorsWeights {
                 start,
                 len: t.len_bytes(),
                 ptr: t.ptr() as usize,
-                transposed,
+                copy: rearranged.map(|how| (how, OnceLock::new())),
             });
         }
         Ok(SafetensorsWeights { weights, slots })
@@ -252,10 +291,10 @@ impl SafetensorsWeights {
             .ok_or_else(|| format!("no weight {} in the spec", id.0))
     }
 
-    /// How many transposed copies have been made so far.
+    /// How many transposed or reordered copies have been made so far.
     #[cfg(test)]
     fn copies_made(&self) -> usize {
-        let made = |s: &Slot| s.transposed.as_ref().is_some_and(|(_, c)| c.get().is_some());
+        let made = |s: &Slot| s.copy.as_ref().is_some_and(|(_, c)| c.get().is_some());
         self.slots.iter().filter(|s| made(s)).count()
     }
 }
@@ -263,7 +302,7 @@ impl SafetensorsWeights {
 impl WeightSource for SafetensorsWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
         let slot = self.slot(id)?;
-        let Some(([rows, cols, elem], copy)) = &slot.transposed else {
+        let Some((how, copy)) = &slot.copy else {
             // The mapping (or `Weights`' copy) the pointer points into lives as long as `self`.
             return Ok(slot.ptr as *const u8);
         };
@@ -271,17 +310,17 @@ impl WeightSource for SafetensorsWeights {
             return Ok(made.as_ptr() as *const u8);
         }
         let t = self.weights.lookup(&slot.name).map_err(|e| e.to_string())?;
-        // Two threads may both transpose; one copy is kept, the same bytes either way.
-        let _ = copy.set(transposed(t.data, *cols, *rows, *elem));
+        // Two threads may both make it; one copy is kept, the same bytes either way.
+        let _ = copy.set(how.make(t.data));
         let made = copy
             .get()
-            .ok_or_else(|| format!("tensor {}: no transposed copy", slot.name))?;
+            .ok_or_else(|| format!("tensor {}: no rearranged copy", slot.name))?;
         Ok(made.as_ptr() as *const u8)
     }
 
-    /// Reads with `pread` from the tensor's file (transposing as it goes for a `Conv1D`
-    /// weight), never through the map and without making the transposed copy; from the copy
-    /// if it already exists.
+    /// Reads with `pread` from the tensor's file (transposing a `Conv1D` weight or reordering
+    /// rows as it goes), never through the map and without making the copy; from the copy if
+    /// it already exists.
     fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
         let slot = self.slot(id)?;
         let (file, path) = self
@@ -295,12 +334,15 @@ impl WeightSource for SafetensorsWeights {
             start: slot.start,
             len: slot.len,
         };
-        match &slot.transposed {
-            Some(([rows, cols, elem], copy)) => match copy.get() {
-                Some(made) => copy_from(&stored, made, offset, dst),
-                None => pread::transposed(&stored, *rows, *cols, *elem, offset, dst),
-            },
-            None => pread::plain(&stored, offset, dst),
+        let Some((how, copy)) = &slot.copy else {
+            return pread::plain(&stored, offset, dst);
+        };
+        if let Some(made) = copy.get() {
+            return copy_from(&stored, made, offset, dst);
+        }
+        match how {
+            Rearranged::Transposed([rows, cols, elem]) => pread::transposed(&stored, *rows, *cols, *elem, offset, dst),
+            Rearranged::Rows(r) => r.read(&stored, offset, dst),
         }
     }
 
@@ -369,6 +411,9 @@ impl WeightSource for Dequantized {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests_head_parts;
 
 #[cfg(test)]
 mod tests {

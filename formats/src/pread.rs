@@ -7,18 +7,18 @@
 //! (`POSIX_FADV_DONTNEED`, best effort), so a streamed weight holds no memory once used.
 //!
 //! The bytes produced are the bytes the kernels read, whatever the tensor's layout in the
-//! file: as stored ([`plain`]), with llama.cpp's q/k row permutation undone ([`permuted`]), or
-//! transposed ([`transposed`], GPT-2's `Conv1D` weights). Any byte range of the tensor may be
-//! asked for; the scratch buffers stay small (one head's rows, or at most [`SCRATCH`] bytes
-//! of stored rows), and nothing the size of the tensor is allocated.
+//! file: as stored ([`plain`]), with rows reordered ([`reordered`]: llama.cpp's q/k
+//! permutation undone, Qwen3.5's query and gate rows split), or transposed ([`transposed`],
+//! GPT-2's `Conv1D` weights). Any byte range of the tensor may be asked for; the scratch
+//! buffers stay small (at most [`SCRATCH`] bytes of stored rows, or one row), and nothing the
+//! size of the tensor's data is allocated.
 
-use crate::gguf::permute::gguf_row;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Largest scratch buffer [`transposed`] reads stored rows into.
+/// Largest scratch buffer [`transposed`] and [`reordered`] read stored rows into.
 const SCRATCH: usize = 4 << 20;
 
 /// One tensor's bytes in a file: `len` bytes from byte `start` of `file` (opened from `path`).
@@ -97,39 +97,59 @@ pub(crate) fn plain(t: &Stored, offset: usize, dst: &mut [u8]) -> Result<(), Str
     t.read(offset, dst)
 }
 
-/// `dst.len()` bytes from byte `offset` of a tensor of `rows` rows of `heads` heads stored
-/// in llama.cpp's permuted q/k order, in Hugging Face order: row `r` of the result is the
-/// file's row [`crate::gguf::permute::unpermute_rows`]`(rows, heads)[r]`. The permutation
-/// stays within a head, so each head's rows are read at once (those spanning the rows asked
-/// for) into a scratch buffer of at most one head, then scattered.
-pub(crate) fn permuted(t: &Stored, rows: usize, heads: usize, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+/// `dst.len()` bytes from byte `offset` of a tensor whose rows are stored in another order (see
+/// [`kiln_core::spec::Layout::row_order`]): row `r` of the result is the file's row
+/// `order[r]`, `order.len()` rows in all. The file rows that the rows asked for need are read
+/// in runs of adjacent rows (a gap of one row is read through: llama's q/k take every other
+/// row of a head), each read at most [`SCRATCH`] bytes (or one row), then scattered.
+pub(crate) fn reordered(t: &Stored, order: &[usize], offset: usize, dst: &mut [u8]) -> Result<(), String> {
+    reordered_with(t, order, offset, dst, SCRATCH)
+}
+
+/// [`reordered`] with reads of at most `scratch_bytes` (or one row).
+fn reordered_with(
+    t: &Stored,
+    order: &[usize],
+    offset: usize,
+    dst: &mut [u8],
+    scratch_bytes: usize,
+) -> Result<(), String> {
     t.check(offset, dst.len())?;
     if dst.is_empty() {
         return Ok(());
     }
-    if heads == 0 || rows == 0 || !rows.is_multiple_of(2 * heads) || !t.len.is_multiple_of(rows) {
-        return Err(t.err(format_args!(
-            "{} bytes in {rows} rows cannot be split into {heads} heads of an even number of rows",
-            t.len
-        )));
+    let rows = order.len();
+    if rows == 0 || !t.len.is_multiple_of(rows) {
+        return Err(t.err(format_args!("{} bytes cannot be split into {rows} rows", t.len)));
     }
-    let (head_dim, row_bytes) = (rows / heads, t.len / rows);
+    let row_bytes = t.len / rows;
     let end = offset + dst.len();
     let (first_row, end_row) = (offset / row_bytes, end.div_ceil(row_bytes));
+    // The file rows wanted, each with the row of the result it becomes, in file order.
+    let mut wanted: Vec<(usize, usize)> = (first_row..end_row).map(|r| (order[r], r)).collect();
+    wanted.sort_unstable();
+    if let Some(&(last, _)) = wanted.last()
+        && last >= rows
+    {
+        return Err(t.err(format_args!("row {last} of a row order lies past the {rows} rows")));
+    }
+    let most = (scratch_bytes / row_bytes).max(1);
     let mut scratch = Vec::new();
-    for head in first_row / head_dim..end_row.div_ceil(head_dim) {
-        let base = head * head_dim;
-        // The rows of this head asked for, and the span of file rows holding them.
-        let wanted = first_row.max(base)..end_row.min(base + head_dim);
-        let file_row = |r: usize| base + gguf_row(r - base, head_dim);
-        let lo = wanted.clone().map(file_row).min().unwrap_or(base);
-        let hi = wanted.clone().map(file_row).max().map_or(base, |r| r + 1);
+    let mut i = 0;
+    while i < wanted.len() {
+        let lo = wanted[i].0;
+        let mut j = i + 1;
+        while j < wanted.len() && wanted[j].0 <= wanted[j - 1].0 + 2 && wanted[j].0 < lo + most {
+            j += 1;
+        }
+        let hi = wanted[j - 1].0 + 1;
         scratch.resize((hi - lo) * row_bytes, 0);
         t.read(lo * row_bytes, &mut scratch)?;
-        for r in wanted {
-            let from = (file_row(r) - lo) * row_bytes;
+        for &(file_row, r) in &wanted[i..j] {
+            let from = (file_row - lo) * row_bytes;
             put(dst, offset, r * row_bytes, &scratch[from..from + row_bytes]);
         }
+        i = j;
     }
     Ok(())
 }
@@ -253,6 +273,7 @@ pub(crate) mod check {
 mod tests {
     use super::*;
     use crate::gguf::permute::{reorder_rows, unpermute_rows};
+    use kiln_core::spec::Layout;
     use std::io::Write as _;
 
     fn file_of(bytes: &[u8], pad: usize) -> File {
@@ -285,20 +306,40 @@ mod tests {
         out
     }
 
-    /// Invariant: a permuted read of any byte range is that range of the rows reordered in
-    /// memory by `reorder_rows` (what the lazy copy holds), with the file read at its offset.
+    /// Invariant: a reordered read of any byte range is that range of the rows reordered in
+    /// memory by `reorder_rows` (what the lazy copy holds), with the file read at its offset,
+    /// for llama's q/k permutation and Qwen3.5's head parts alike, whatever the read size.
     #[test]
-    fn permuted_reads_equal_the_reordered_copy() {
-        for (rows, heads, row) in [(16, 2, 6), (8, 4, 3), (24, 3, 10), (4, 1, 1)] {
+    fn reordered_reads_equal_the_reordered_copy() {
+        let rope = |heads| Layout::RopePermuted { heads };
+        let parts = |heads, parts| Layout::HeadParts { heads, parts };
+        let cases = [
+            (16, rope(2), 6),
+            (8, rope(4), 3),
+            (24, rope(3), 10),
+            (4, rope(1), 1),
+            (24, parts(3, 2), 4),
+            (12, parts(2, 3), 5),
+            (6, parts(3, 2), 1),
+            (8, parts(1, 2), 3),
+        ];
+        for (rows, layout, row) in cases {
+            let order = layout.row_order(rows).unwrap();
             let src: Vec<u8> = (0..rows * row).map(|i| (i * 7 % 251) as u8).collect();
             let mut copy = vec![0; src.len()];
-            reorder_rows(&src, &mut copy, row, &unpermute_rows(rows, heads).unwrap());
+            reorder_rows(&src, &mut copy, row, &order);
             let f = file_of(&src, 13);
             let t = stored(&f, 13, src.len());
             for (off, n) in ranges(src.len(), row) {
                 let mut got = vec![0; n];
-                permuted(&t, rows, heads, off, &mut got).unwrap();
-                assert_eq!(got, copy[off..off + n], "{rows}x{row} {heads} heads, {off}+{n}");
+                reordered(&t, &order, off, &mut got).unwrap();
+                assert_eq!(got, copy[off..off + n], "{rows}x{row} {layout:?}, {off}+{n}");
+                // Reads of one row, two, a few.
+                for scratch in [1, 2 * row, 5 * row + 1] {
+                    let mut got = vec![0; n];
+                    reordered_with(&t, &order, off, &mut got, scratch).unwrap();
+                    assert_eq!(got, copy[off..off + n], "{rows}x{row} {layout:?}, {off}+{n}, {scratch}");
+                }
             }
         }
     }
@@ -348,9 +389,16 @@ mod tests {
         let long = stored(&f, 16, 32);
         let e = plain(&long, 9, &mut buf).unwrap_err();
         assert_eq!(e, "/m/w.bin: tensor t: short read: the file ends before byte 33");
-        assert!(permuted(&t, 6, 2, 0, &mut buf).unwrap_err().contains("2 heads"));
+        let e = reordered(&t, &[0, 1, 2, 3, 4, 5], 0, &mut buf).unwrap_err();
+        assert_eq!(e, "/m/w.bin: tensor t: 32 bytes cannot be split into 6 rows");
+        assert!(reordered(&t, &[0, 9], 16, &mut buf).unwrap_err().contains("row 9"));
         assert!(transposed(&t, 3, 3, 4, 0, &mut buf).unwrap_err().contains("3 x 3"));
-        assert!(permuted(&long, 4, 2, 24, &mut buf).unwrap_err().contains("short read"));
+        let order = unpermute_rows(4, 2).unwrap();
+        assert!(
+            reordered(&long, &order, 24, &mut buf)
+                .unwrap_err()
+                .contains("short read")
+        );
         assert!(
             transposed(&long, 4, 2, 4, 0, &mut buf)
                 .unwrap_err()

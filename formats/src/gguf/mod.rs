@@ -44,6 +44,8 @@ mod special_files_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_head_parts;
+#[cfg(test)]
 mod tests_phi3;
 #[cfg(test)]
 mod tests_read_range;

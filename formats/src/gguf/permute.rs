@@ -15,30 +15,23 @@
 //!
 //! Kiln's kernels use HF's layout, so the loader undoes the permutation. It only moves whole
 //! rows (a quantised row is a whole number of blocks; no block is split), so it works for every
-//! storage type: see [`unpermute_rows`] and [`reorder_rows`]. This is a one-time copy, made on
-//! the first access, of the q/k weights and biases of llama-architecture files only (a weight
-//! the engine streams is reordered as it is read instead, see `crate::pread`); every other
-//! tensor is read in place from the memory map.
+//! storage type: see [`unpermute_rows`] and [`reorder_rows`]. The same holds for every layout
+//! that reorders rows ([`Layout::row_order`], Qwen3.5's [`Layout::HeadParts`] among them).
+//! This is a one-time copy, made on the first access, of the tensors of such a layout only (a
+//! weight the engine streams is reordered as it is read instead, see `crate::pread`); every
+//! other tensor is read in place from the memory map.
+
+use kiln_core::spec::Layout;
 
 /// For a projection of `n_heads` heads (`n_rows = n_heads * head_dim`, `head_dim` even) stored
 /// in llama.cpp's permuted order: `mapping[hf_row]` is the GGUF row that holds HF row `hf_row`.
 /// Building the HF-order tensor is `out.row(r) = gguf.row(mapping[r])`.
 ///
-/// Returns `None` unless `n_heads > 0` and `n_rows` is a multiple of `2 * n_heads`.
+/// Returns `None` unless `n_heads > 0` and `n_rows` is a multiple of `2 * n_heads`. This is
+/// [`Layout::row_order`] of [`Layout::RopePermuted`], which the loaders use for every layout
+/// that reorders rows: within a head of `d` rows, HF row `j * d/2 + i` is GGUF row `2i + j`.
 pub fn unpermute_rows(n_rows: usize, n_heads: usize) -> Option<Vec<usize>> {
-    let head_dim = head_dim(n_rows, n_heads)?;
-    Some(
-        (0..n_rows)
-            .map(|r| r - r % head_dim + gguf_row(r % head_dim, head_dim))
-            .collect(),
-    )
-}
-
-/// Within one head of `head_dim` rows (even), the GGUF row that holds HF row `hf_row`
-/// (`< head_dim`): HF row `j * d/2 + i` is GGUF row `2i + j`. [`unpermute_rows`], one head.
-pub fn gguf_row(hf_row: usize, head_dim: usize) -> usize {
-    let half = head_dim / 2;
-    2 * (hf_row % half) + hf_row / half
+    Layout::RopePermuted { heads: n_heads }.row_order(n_rows)
 }
 
 /// The converter's direction: `mapping[gguf_row]` is the HF row stored at GGUF row `gguf_row`
@@ -50,13 +43,6 @@ pub fn permute_rows(n_rows: usize, n_heads: usize) -> Option<Vec<usize>> {
         mapping[gguf] = hf;
     }
     Some(mapping)
-}
-
-fn head_dim(n_rows: usize, n_heads: usize) -> Option<usize> {
-    if n_heads == 0 || !n_rows.is_multiple_of(2 * n_heads) {
-        return None;
-    }
-    Some(n_rows / n_heads)
 }
 
 /// Copies the rows of `src` (`mapping.len()` rows of `row_bytes` bytes each) into `dst` in the

@@ -1,12 +1,15 @@
-//! The tensors of a GGUF file, memory-mapped, with llama-architecture q/k rows put back in
-//! Hugging Face order.
+//! The tensors of a GGUF file, memory-mapped, with reordered rows (llama-architecture q/k,
+//! Qwen3.5's query and gate) put in the order the kernels read.
 //!
-//! Every tensor is read in place from the read-only memory map, except the query and key
-//! projections (and their biases) of `llama`-architecture files: those are copied with their
-//! rows reordered (see [`super::permute`]). The copy is made on the tensor's first access
-//! ([`GgufWeights::tensor`], `weight_ptr`), not at load, so a tensor the engine only streams
-//! (`read_range`, which reorders as it reads) is never copied; the permutation is checked at
-//! load all the same. A copy lives as long as the [`GgufWeights`] and is 64-byte aligned.
+//! Every tensor is read in place from the read-only memory map, except those of a layout that
+//! reorders rows ([`kiln_core::spec::Layout::reorders_rows`]): the query and key projections
+//! (and their biases) of `llama`-architecture files (see [`super::permute`]) and Qwen3.5's
+//! full-attention `attn_q` (each head's query rows, then its gate rows, see
+//! [`kiln_core::spec::Layout::HeadParts`]). Those are copied with their rows reordered. The
+//! copy is made on the tensor's first access ([`GgufWeights::tensor`], `weight_ptr`), not at
+//! load, so a tensor the engine only streams (`read_range`, which reorders as it reads) is
+//! never copied; the row order is checked at load all the same. A copy lives as long as the
+//! [`GgufWeights`] and is 64-byte aligned.
 //!
 //! A split model's parts are each mapped; a tensor's data is read from the part that holds it.
 //! Each part's open file is kept beside its map, for `read_range`'s `pread`s.
@@ -20,10 +23,9 @@
 use super::dequant;
 use super::error::GgufError;
 use super::parse::{GgufHeader, TensorInfo};
-use super::permute::{reorder_rows, unpermute_rows};
 use super::split::GgufFiles;
 use crate::pread::{self, Stored};
-use kiln_core::spec::Layout;
+use crate::reorder::Reordered;
 use kiln_core::{DType, ModelSpec, WeightId};
 use memmap2::Mmap;
 use std::fs::File;
@@ -41,11 +43,12 @@ pub struct GgufTensor<'a> {
     pub dtype: DType,
     /// Outermost dimension first (the reverse of GGUF's `ne`), as in `weight_list`.
     pub shape: &'a [usize],
-    /// The raw data: `dtype.bytes_for(elems)` bytes, rows in Hugging Face order, starting at a
-    /// multiple of [`TENSOR_ALIGN`] bytes. Valid, at the same address, as long as the
-    /// [`GgufWeights`] lives (moving it does not move the data).
+    /// The raw data: `dtype.bytes_for(elems)` bytes, rows in the kernels' (Hugging Face)
+    /// order, starting at a multiple of [`TENSOR_ALIGN`] bytes. Valid, at the same address, as
+    /// long as the [`GgufWeights`] lives (moving it does not move the data).
     pub data: &'a [u8],
-    /// Whether `data` is a reordered copy (llama q/k) rather than the file's bytes.
+    /// Whether `data` is a reordered copy (llama q/k, Qwen3.5's q) rather than the file's
+    /// bytes.
     pub reordered: bool,
 }
 
@@ -107,8 +110,9 @@ impl std::fmt::Debug for AlignedBuf {
 enum Kind {
     /// Read in place from the map.
     Mapped,
-    /// Rows reordered out of llama.cpp's q/k permutation of `heads` heads, into a copy.
-    Permuted { heads: usize },
+    /// Rows reordered by a layout that moves rows (llama.cpp's q/k permutation, Qwen3.5's
+    /// head parts), into a copy.
+    Reordered(Reordered),
     /// Copied as they are into an aligned buffer (the map's bytes are misaligned).
     Realigned,
 }
@@ -123,12 +127,12 @@ struct Entry {
     start: usize,
     end: usize,
     kind: Kind,
-    /// The copy of a `Permuted` or `Realigned` tensor, made on first access.
+    /// The copy of a `Reordered` or `Realigned` tensor, made on first access.
     copy: OnceLock<AlignedBuf>,
 }
 
 /// The model tensors of one GGUF file (or the parts of a split one): mapped, checked against a
-/// [`ModelSpec`], q/k rows in Hugging Face order. See the module documentation.
+/// [`ModelSpec`], rows in the order the kernels read. See the module documentation.
 #[derive(Debug)]
 pub struct GgufWeights {
     path: PathBuf,
@@ -148,8 +152,8 @@ pub struct GgufWeights {
 impl GgufWeights {
     /// Binds the tensors of `spec` in `map` (made from `file`, opened from `path`, whose
     /// parsed header is `header`), checking each for presence, shape and storage type, and
-    /// checking that the q/k rows llama.cpp permuted can be reordered (they are on first
-    /// access).
+    /// checking that the rows of a layout that reorders them (llama.cpp's q/k permutation,
+    /// Qwen3.5's head parts) can be reordered (they are on first access).
     pub fn new(
         path: &Path,
         file: File,
@@ -208,25 +212,19 @@ impl GgufWeights {
                     message: format!("tensor {} lies outside part {} of the model", req.name, part + 1),
                 });
             };
-            let kind = match req.layout {
-                Layout::RopePermuted { heads } => {
-                    // Checked now, copied on first access.
-                    let rows = req.shape.first().copied().unwrap_or(0);
-                    let whole_rows = rows > 0 && bytes.len().is_multiple_of(rows);
-                    if unpermute_rows(rows, heads).is_none() || !whole_rows {
-                        return Err(GgufError::InvalidModel {
-                            path: path.to_path_buf(),
-                            message: format!(
-                                "tensor {} has {rows} rows, not a multiple of 2 x {heads} heads",
-                                req.name
-                            ),
-                        });
-                    }
+            // A reordering is checked now, copied on first access.
+            let reordered =
+                Reordered::of(req.layout, &req.shape, bytes.len()).map_err(|problem| GgufError::InvalidModel {
+                    path: path.to_path_buf(),
+                    message: format!("tensor {} {problem}", req.name),
+                })?;
+            let kind = match reordered {
+                Some(r) => {
                     reordered_bytes += bytes.len();
-                    Kind::Permuted { heads }
+                    Kind::Reordered(r)
                 }
-                _ if !(bytes.as_ptr() as usize).is_multiple_of(TENSOR_ALIGN) => Kind::Realigned,
-                _ => Kind::Mapped,
+                None if !(bytes.as_ptr() as usize).is_multiple_of(TENSOR_ALIGN) => Kind::Realigned,
+                None => Kind::Mapped,
             };
             entries.push(Entry {
                 info: i,
@@ -265,8 +263,9 @@ impl GgufWeights {
         &self.spec
     }
 
-    /// Bytes of the copies that put llama q/k rows in Hugging Face order: the size of every
-    /// reordered tensor, whether or not its copy has been made yet (it is on first access).
+    /// Bytes of the copies that put reordered rows (llama q/k, Qwen3.5's q) in the kernels'
+    /// order: the size of every reordered tensor, whether or not its copy has been made yet (it
+    /// is on first access).
     pub fn reordered_bytes(&self) -> usize {
         self.reordered_bytes
     }
@@ -295,12 +294,8 @@ impl GgufWeights {
     fn made(e: &Entry, stored: &[u8]) -> AlignedBuf {
         let mut buf = AlignedBuf::zeroed(stored.len());
         match e.kind {
-            Kind::Permuted { heads } => {
-                let rows = e.shape.first().copied().unwrap_or(0);
-                // Checked at load: `rows` is a positive multiple of `2 * heads` dividing the size.
-                let mapping = unpermute_rows(rows, heads).unwrap_or_default();
-                reorder_rows(stored, buf.as_mut_slice(), stored.len() / rows.max(1), &mapping);
-            }
+            // Checked at load: the rows divide as the layout says, and the size into rows.
+            Kind::Reordered(r) => r.copy_into(stored, buf.as_mut_slice()),
             Kind::Realigned | Kind::Mapped => buf.as_mut_slice().copy_from_slice(stored),
         }
         buf
@@ -316,10 +311,11 @@ impl GgufWeights {
         }
     }
 
-    /// The tensor of a model weight: pointer, type and shape (outermost first), rows in Hugging
-    /// Face order.
+    /// The tensor of a model weight: pointer, type and shape (outermost first), rows in the
+    /// order the kernels read.
     ///
-    /// The first access to a reordered (llama q/k) or misaligned tensor makes its copy.
+    /// The first access to a reordered (llama q/k, Qwen3.5's q) or misaligned tensor makes its
+    /// copy.
     pub fn tensor(&self, id: WeightId) -> Result<GgufTensor<'_>, GgufError> {
         let entry = self.entry(id)?;
         let info = &self.header.tensors[entry.info];
@@ -335,7 +331,7 @@ impl GgufWeights {
             dtype: info.dtype,
             shape: &entry.shape,
             data,
-            reordered: matches!(entry.kind, Kind::Permuted { .. }),
+            reordered: matches!(entry.kind, Kind::Reordered(_)),
         })
     }
 
@@ -384,8 +380,8 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
         self.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
     }
 
-    /// Reads with `pread` from the part's file (reordering llama q/k rows as it goes), never
-    /// through the map and without making the lazy copy; from the copy if it already exists.
+    /// Reads with `pread` from the part's file (reordering rows as it goes), never through the
+    /// map and without making the lazy copy; from the copy if it already exists.
     fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
         let entry = self.entry(id).map_err(|e| e.to_string())?;
         let info = &self.header.tensors[entry.info];
@@ -402,10 +398,7 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
             return Ok(());
         }
         match entry.kind {
-            Kind::Permuted { heads } => {
-                let rows = entry.shape.first().copied().unwrap_or(0);
-                pread::permuted(&stored, rows, heads, offset, dst)
-            }
+            Kind::Reordered(r) => r.read(&stored, offset, dst),
             Kind::Mapped | Kind::Realigned => pread::plain(&stored, offset, dst),
         }
     }
