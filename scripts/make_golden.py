@@ -75,6 +75,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
 )
+from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -518,6 +519,37 @@ MODELS = {
         norm_suffixes=("norm.weight",),
         bias_std=0.1,  # as gpt2
     ),
+    # Qwen3.5 (text): three Gated DeltaNet layers, then one full-attention layer (full_attention_interval
+    # 4), twice. More value heads than key heads (each key head serves two), key and value head sizes
+    # that differ, partial rotary (8 of 32 dimensions), the output gate on q, (1 + w) RMSNorms and a
+    # plain-w gated norm. The long prompt spans several 64-token chunks of the reference's chunked
+    # delta rule and several prefill blocks.
+    "qwen3_5": dict(
+        seed=7007,
+        tokenizer="bytelevel",
+        config_cls=Qwen3_5TextConfig,
+        common=dict(COMMON, num_hidden_layers=8),
+        config=dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=24,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25},
+            rms_norm_eps=1e-6,
+            initializer_range=0.2,
+        ),
+        tokens=dict(bos=None, eos="<|im_end|>"),
+        gen_eos="list",
+        old_style_config=False,
+        plus_one_norms=True,  # (1 + w) norms; the DeltaNet layers' gated norm is plain w (randomise_qwen35)
+        qwen35=True,
+        kv_check_attn="eager",
+    ),
     "gemma2": dict(
         seed=5010,
         tokenizer="gemma",
@@ -596,6 +628,19 @@ def randomise_norms_and_biases(model, gen, final_norm="model.norm.weight", norm_
                 p.copy_(torch.randn(p.shape, generator=gen) * bias_std)
 
 
+def randomise_qwen35(model, gen):
+    """The DeltaNet layers' own parameters: the gated norm scales by plain w (so w in [0.5, 1.5],
+    not the (1 + w) range), dt_bias and A_log spread so that every head decays at its own rate."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 4.0, generator=gen).log())
+
+
 def build_model(name, spec, folder):
     tok = wrap_tokenizer(spec["tokenizer"], spec["tokens"]["eos"])
     spm_model = None
@@ -630,7 +675,9 @@ def build_model(name, spec, folder):
     gen = torch.Generator().manual_seed(spec["seed"] + 7)
     randomise_norms_and_biases(
         model, gen, spec.get("final_norm", "model.norm.weight"), spec.get("norm_suffixes", ("norm.weight",)),
-        spec.get("bias_std", 0.5), gemma=spec.get("gemma", False))
+        spec.get("bias_std", 0.5), gemma=spec.get("gemma", False) or spec.get("plus_one_norms", False))
+    if spec.get("qwen35"):
+        randomise_qwen35(model, gen)
     model.generation_config = GenerationConfig(
         bos_token_id=bos_id,
         eos_token_id=eos,

@@ -621,8 +621,8 @@ impl Chat {
             self.messages.pop();
             return self.context_full(text, ids.len());
         }
-        let keep = reusable_prefix(&self.cached, &ids);
-        self.session.engine.truncate(keep);
+        // A recurrent model may keep less than the shared prefix (its state cannot be cut back).
+        let keep = self.session.engine.truncate(reusable_prefix(&self.cached, &ids));
         self.cached.truncate(keep);
         self.turns += 1;
         // From here a Ctrl-C stops the reply (and no longer ends a piped session).

@@ -375,6 +375,7 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
                 "bos_token_id": loaded.bos_token_id,
                 "kernels": kernels,
                 "kv_dtype": spec.kv_elem().name(),
+                "recurrent_state_bytes_per_sequence": spec.state_bytes_per_sequence(),
                 "precision": opts.precision,
                 "cache_key": key.to_string(),
                 "cache_state": state,
@@ -414,6 +415,17 @@ pub fn info(path: &Path, build: &BuildChoices, ctx: Option<usize>, as_json: bool
         spec.kv_elem().name(),
         human_bytes(spec.kv_bytes_per_position() as u64)
     )?;
+    if spec.is_recurrent() {
+        let layers = spec
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, kiln_core::graph::OpKind::DeltaNet(_)))
+            .count();
+        outln!(
+            "recurrent    {} of state per sequence ({layers} Gated DeltaNet layers)",
+            human_bytes(spec.state_bytes_per_sequence() as u64)
+        )?;
+    }
     outln!(
         "embeddings   {}",
         if spec.tied_embeddings() { "tied" } else { "untied" }

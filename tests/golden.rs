@@ -104,7 +104,7 @@ fn narrower_vectors_match_transformers_too() {
     // The code an AVX2 (8 lanes) or SSE-width (4 lanes) machine gets: other row groupings,
     // tiles and reduction trees, checked on whatever machine runs the tests.
     for lanes in [8, 4] {
-        for name in ["llama", "qwen3", "gemma2"] {
+        for name in ["llama", "qwen3", "gemma2", "qwen3_5"] {
             check_model_with(name, 2, None, Some(lanes));
         }
     }
@@ -130,6 +130,7 @@ fn avx2_level_code_matches_transformers_too() {
         "phi",
         "gemma2",
         "gemma3",
+        "qwen3_5",
     ] {
         let session = open_opts(
             name,
@@ -163,7 +164,8 @@ fn long_prompt_spans_many_small_prefill_blocks() {
     // head reading the last row of a partial block.
     // phi3: its window across blocks; phi3-longrope: every block of one call takes the long
     // factors, chosen by the call's sequence end.
-    for name in ["mistral", "qwen3", "phi3", "phi3-longrope", "gemma3"] {
+    // qwen3_5: the convolution's and the delta rule's state carried from block to block.
+    for name in ["mistral", "qwen3", "phi3", "phi3-longrope", "gemma3", "qwen3_5"] {
         let long = golden(name)
             .cases
             .iter()
@@ -466,4 +468,45 @@ fn layer_by_layer_prefill_matches_prefill() {
         "the same numbers as the fused plans"
     );
     assert_ne!(layers[0], layers[1], "each layer changes the residual stream");
+}
+
+/// A recurrent model's state holds every token so far, so a sequence cannot be cut back to a
+/// shorter prefix: `truncate` to less than the cached length restarts it at 0 (and says so),
+/// and running the prompt again gives bitwise the logits of a fresh run, never ones computed
+/// from a stale state. Cutting nothing keeps the state, and continuing from there equals one
+/// longer prefill. A Llama-family model keeps the prefix it is asked to.
+#[test]
+fn recurrent_truncation_restarts_and_never_reuses_stale_state() {
+    let case = golden("qwen3_5")
+        .cases
+        .into_iter()
+        .max_by_key(|c| c.prompt_token_ids.len())
+        .unwrap();
+    let ids = &case.prompt_token_ids;
+    let mut session = open("qwen3_5", 2, None);
+    let fresh = session.engine.prefill(ids).unwrap().to_vec();
+    assert_eq!(
+        session.engine.truncate(ids.len() + 5),
+        ids.len(),
+        "cutting nothing keeps everything"
+    );
+    assert_eq!(
+        session.engine.truncate(ids.len() / 2),
+        0,
+        "a recurrent state cannot be cut back"
+    );
+    let again = session.engine.prefill(ids).unwrap().to_vec();
+    assert_eq!(fresh, again, "a restarted sequence must not see the earlier state");
+    // Prefix kept whole, then continued: the same as prefilling everything at once.
+    session.engine.reset();
+    let half = ids.len() / 2;
+    session.engine.prefill(&ids[..half]).unwrap();
+    assert_eq!(session.engine.truncate(half), half);
+    let continued = session.engine.prefill(&ids[half..]).unwrap().to_vec();
+    assert_eq!(continued, fresh, "continuing a kept state must equal one prefill");
+
+    let mut llama = open("llama", 2, None);
+    let ids = &golden("llama").cases[3].prompt_token_ids;
+    llama.engine.prefill(ids).unwrap();
+    assert_eq!(llama.engine.truncate(10), 10, "a KV cache keeps the prefix asked for");
 }

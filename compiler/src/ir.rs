@@ -303,6 +303,11 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn sqrt(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("math.sqrt", &[a], a.r#type(), &[])
     }
+    /// Natural logarithm (scalars: a call of the C library's `logf`, correctly rounded to
+    /// within an ulp like torch's).
+    pub fn log(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("math.log", &[a], a.r#type(), &[])
+    }
     pub fn cos(&self, a: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("math.cos", &[a], a.r#type(), &[])
     }

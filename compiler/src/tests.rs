@@ -16,6 +16,7 @@ mod ops;
 mod precision;
 mod q8;
 mod quant;
+mod recurrent;
 
 const H: usize = 64;
 const I: usize = 136;

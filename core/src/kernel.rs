@@ -7,7 +7,7 @@
 
 use crate::dtype::DType;
 pub use crate::ops::F32Bits;
-use crate::ops::{Act, NormKind, NormShape, Rotary};
+use crate::ops::{Act, DecayForm, HeadOrder, NormKind, NormShape, Rotary};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -153,6 +153,46 @@ pub enum Kernel {
     /// `x[r, i] += y[r, i]`.
     /// Args: `x: f32[max_rows, dim]`, `y: f32[max_rows, dim]`.
     Add { dim: usize, max_rows: usize },
+    /// Causal depthwise convolution over time, then SiLU (Gated DeltaNet's short convolution):
+    /// `out[r, c] = silu(sum_j w[c, j] * in(position(r) - (taps - 1) + j, c))`, where an input
+    /// is the row of this call at that position of the same sequence, else the slot's state
+    /// (its last `taps - 1` inputs, oldest first), or zero before the sequence's start. Each
+    /// sequence's last row then writes its new state.
+    /// Args: `x: f32[max_rows, channels]`, `w: wdtype[channels * taps]`,
+    /// `out: f32[max_rows, channels]`, `state: f32[MAX_SLOTS, (taps - 1) * channels]`,
+    /// `row_info`.
+    CausalConv {
+        channels: usize,
+        taps: usize,
+        wdtype: DType,
+        max_rows: usize,
+    },
+    /// The Gated DeltaNet recurrence ([`crate::graph::DeltaNet`]), row by row in order, each
+    /// row on its slot's state (zero at position 0).
+    /// Args: `qkv: f32[max_rows, 2 * k_heads * k_dim + v_heads * v_dim]`,
+    /// `a, b: f32[max_rows, v_heads]`, `out: f32[max_rows, v_heads * v_dim]`,
+    /// `state: f32[MAX_SLOTS * v_heads * k_dim, v_dim]`, `a_param: a_dtype[v_heads]`,
+    /// `dt_bias: dt_dtype[v_heads]`, `row_info`.
+    DeltaNet {
+        k_heads: usize,
+        v_heads: usize,
+        k_dim: usize,
+        v_dim: usize,
+        a_dtype: DType,
+        dt_dtype: DType,
+        decay: DecayForm,
+        order: HeadOrder,
+        max_rows: usize,
+    },
+    /// `x = rmsnorm(x) * w * silu(gate)` over each head of `dim` values of rows of `width`.
+    /// Args: `x: f32[max_rows, width]`, `gate: f32[max_rows, width]`, `w: wdtype[dim]`.
+    GatedNorm {
+        width: usize,
+        dim: usize,
+        wdtype: DType,
+        eps: F32Bits,
+        max_rows: usize,
+    },
     /// Machine probe: each thread reads its share of `buf` once, sequentially, with vector
     /// loads (the way decode streams weights) and writes a checksum to `sums[thread_id]`.
     /// Args: `buf: f32[elems]`, `sums: f32[64, 16]`. `rows` and `pos` are unused.
@@ -175,6 +215,9 @@ impl Kernel {
             Kernel::Attention { .. } => "attention",
             Kernel::GatedAct { .. } => "gated_act",
             Kernel::Add { .. } => "add",
+            Kernel::CausalConv { .. } => "causal_conv",
+            Kernel::DeltaNet { .. } => "delta_net",
+            Kernel::GatedNorm { .. } => "gated_norm",
             Kernel::ProbeRead { .. } => "probe_read",
             Kernel::ProbeFma { .. } => "probe_fma",
         }
@@ -189,7 +232,10 @@ impl Kernel {
             | Kernel::RopeKv { max_rows, .. }
             | Kernel::Attention { max_rows, .. }
             | Kernel::GatedAct { max_rows, .. }
-            | Kernel::Add { max_rows, .. } => *max_rows,
+            | Kernel::Add { max_rows, .. }
+            | Kernel::CausalConv { max_rows, .. }
+            | Kernel::DeltaNet { max_rows, .. }
+            | Kernel::GatedNorm { max_rows, .. } => *max_rows,
             Kernel::ProbeRead { .. } | Kernel::ProbeFma { .. } => 1,
         }
     }
@@ -206,6 +252,9 @@ impl Kernel {
             Kernel::Attention { .. } => 5,
             Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeRead { .. } => 2,
             Kernel::ProbeFma { .. } => 1,
+            Kernel::CausalConv { .. } => 5,
+            Kernel::DeltaNet { .. } => 8,
+            Kernel::GatedNorm { .. } => 3,
         }
     }
 
@@ -219,6 +268,9 @@ impl Kernel {
             Kernel::Attention { .. } => &[3],
             Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeFma { .. } => &[0],
             Kernel::ProbeRead { .. } => &[1],
+            Kernel::CausalConv { .. } => &[2, 3],
+            Kernel::DeltaNet { .. } => &[3, 4],
+            Kernel::GatedNorm { .. } => &[0],
         }
     }
 
@@ -289,6 +341,20 @@ impl Kernel {
             Kernel::GatedAct { dim, .. } | Kernel::Add { dim, .. } => rows * 3 * dim * f,
             Kernel::ProbeRead { elems } => elems * f,
             Kernel::ProbeFma { .. } => 0,
+            Kernel::CausalConv { channels, taps, .. } => (rows * 2 + 2 * (taps - 1) + taps) * channels * f,
+            Kernel::DeltaNet {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim,
+                ..
+            } => {
+                // Each row reads its inputs and writes its output; the state is read and
+                // written once per call (it stays in cache between the rows).
+                let row = (2 * k_heads * k_dim + 2 * v_heads * v_dim + 2 * v_heads) * f;
+                rows * row + 2 * v_heads * k_dim * v_dim * f
+            }
+            Kernel::GatedNorm { width, .. } => rows * 3 * width * f,
         };
         b as u64
     }
@@ -298,6 +364,10 @@ impl Kernel {
         let b = match self {
             Kernel::MatMul { n, k, .. } => 2 * rows * n * k,
             Kernel::GateUp { n, k, .. } => 4 * rows * n * k,
+            // Per row and value head: decay, S^T k, the rank-1 update and S^T q over the state.
+            Kernel::DeltaNet {
+                v_heads, k_dim, v_dim, ..
+            } => 8 * rows * v_heads * k_dim * v_dim,
             Kernel::Attention {
                 heads,
                 head_dim,
@@ -392,6 +462,17 @@ impl Kernel {
             Kernel::Add { dim, .. } => format!("d{dim}"),
             Kernel::ProbeRead { elems } => format!("e{elems}"),
             Kernel::ProbeFma { chains } => format!("c{chains}"),
+            Kernel::CausalConv {
+                channels, taps, wdtype, ..
+            } => format!("c{channels}_t{taps}_{wdtype}"),
+            Kernel::DeltaNet {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim,
+                ..
+            } => format!("k{k_heads}x{k_dim}_v{v_heads}x{v_dim}"),
+            Kernel::GatedNorm { width, dim, wdtype, .. } => format!("w{width}_d{dim}_{wdtype}"),
         };
         // `decode8`: a decode kernel for up to 8 rows; `r64`: a prefill kernel for blocks of 64.
         let regime = if is_decode(self.max_rows()) {

@@ -20,7 +20,7 @@ pub mod target;
 
 pub use dtype::DType;
 pub use kernel::Kernel;
-pub use ops::{Act, F32Bits, NormKind, NormShape, Pairing, Rotary};
+pub use ops::{Act, DecayForm, F32Bits, HeadOrder, NormKind, NormShape, Pairing, Rotary};
 pub use rope::{Rope, RopeScaling};
 pub use spec::{BufId, Dims, ModelSpec, Tensor, WeightId, WeightRef};
 pub use target::HostCpu;

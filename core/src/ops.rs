@@ -65,6 +65,8 @@ pub enum Act {
     GeluTanh,
     /// `0.5 x (1 + erf(x / sqrt(2)))` (`gelu`).
     GeluErf,
+    /// `1 / (1 + exp(-x))`: Qwen3.5's output gate on the attention (`attn * sigmoid(gate)`).
+    Sigmoid,
 }
 
 impl Act {
@@ -86,8 +88,29 @@ impl Act {
             Act::Silu => "silu",
             Act::GeluTanh => "gelu_tanh",
             Act::GeluErf => "gelu_erf",
+            Act::Sigmoid => "sigmoid",
         }
     }
+}
+
+/// Where a Gated DeltaNet layer's gate parameter `A` comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecayForm {
+    /// `A_log` (Hugging Face): the decay rate is `-exp(A_log)`.
+    Log,
+    /// `-exp(A_log)` itself (llama.cpp's `ssm_a`).
+    Negated,
+}
+
+/// Which key head serves value head `h` when there are more value heads than key heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadOrder {
+    /// `h / (v_heads / k_heads)`: consecutive value heads share a key head (Hugging Face).
+    Grouped,
+    /// `h % k_heads` (llama.cpp's `qwen35` files reorder the value heads this way).
+    Tiled,
 }
 
 /// Which dimensions of a head a rotary embedding rotates together.

@@ -344,13 +344,26 @@ impl Engine {
     pub fn reset(&mut self) {
         self.positions[0] = 0;
     }
-    /// Drops every cached position from `pos` on, so generation continues from there.
-    pub fn truncate(&mut self, pos: usize) {
-        self.truncate_in(0, pos);
+    /// Drops every cached position from `pos` on, so generation continues from there, and
+    /// returns the position kept: `pos` (or less if fewer were cached), except for a model with
+    /// recurrent state ([`ModelSpec::is_recurrent`]), whose state holds every token so far and
+    /// cannot be cut back: cutting anything restarts the sequence at 0 (its kernels start from
+    /// a zero state at position 0), and the caller runs the tokens again.
+    pub fn truncate(&mut self, pos: usize) -> usize {
+        self.truncate_in(0, pos)
     }
     /// [`Engine::truncate`] for `slot`.
-    pub fn truncate_in(&mut self, slot: usize, pos: usize) {
-        self.positions[slot] = self.positions[slot].min(pos);
+    pub fn truncate_in(&mut self, slot: usize, pos: usize) -> usize {
+        let now = self.positions[slot];
+        let kept = if pos >= now {
+            now
+        } else if self.spec.is_recurrent() {
+            0
+        } else {
+            pos
+        };
+        self.positions[slot] = kept;
+        kept
     }
 
     fn check(&self, slot: usize, tokens: &[u32]) -> Result<(), EngineError> {

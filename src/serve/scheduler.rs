@@ -159,8 +159,8 @@ fn admit(
         };
         let job = queue.pop_front().expect("queue is not empty");
         // At least one prompt token is run, for the logits of the first reply token.
-        let reuse = shared.min(job.prompt.len() - 1);
-        engine.truncate_in(i, reuse);
+        // A recurrent model may keep less (its state cannot be cut back to a shorter prefix).
+        let reuse = engine.truncate_in(i, shared.min(job.prompt.len() - 1));
         slots[i].cached.truncate(reuse);
         *admitted += 1;
         slots[i].active = Some(Active {

@@ -135,6 +135,8 @@ pub fn activate<'c, 'a>(b: Kb<'c, 'a>, act: Act, v: Value<'c, '_>) -> Value<'c, 
             let inner = b.mulf(c(0.797_884_6), b.addf(v, b.mulf(c(0.044_715), x3)));
             b.mulf(b.mulf(c(0.5), v), b.addf(c(1.0), b.tanh(inner)))
         }
+        // torch: 1 / (1 + exp(-x)).
+        Act::Sigmoid => b.divf(c(1.0), b.addf(c(1.0), b.exp(b.negf(v)))),
         // torch's exact GELU: x * 0.5 * (1 + erf(x * sqrt(1/2))).
         Act::GeluErf => {
             let e = b.erf(b.mulf(v, c(std::f32::consts::FRAC_1_SQRT_2)));

@@ -6,6 +6,7 @@
 //! counter, followed by `rows`, `thread_id` and `n_threads` as i64.
 
 mod attention;
+mod delta_net;
 mod elementwise;
 mod gate_up;
 mod matmul;
@@ -13,6 +14,7 @@ mod norm;
 mod probe;
 mod quant;
 mod quant8;
+mod recurrent;
 mod rope;
 
 use crate::ir::{Cmp, Kb, build_func};
@@ -113,6 +115,9 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
             Kernel::Add { .. } => elementwise::emit_add(b, kernel, p, d, lanes),
             Kernel::ProbeRead { .. } => probe::emit_probe_read(b, kernel, p, d, lanes),
             Kernel::ProbeFma { .. } => probe::emit_probe_fma(b, kernel, p, d, lanes),
+            Kernel::CausalConv { .. } => recurrent::emit_causal_conv(b, kernel, p, d, lanes),
+            Kernel::DeltaNet { .. } => delta_net::emit_delta_net(b, kernel, p, d, lanes),
+            Kernel::GatedNorm { .. } => recurrent::emit_gated_norm(b, kernel, p, d, lanes),
         }
     });
     module.body().append_operation(func);
@@ -272,6 +277,48 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
         }
         Kernel::ProbeRead { elems } => vec![memref(&[*elems], "f32"), memref(&[64, 16], "f32")],
         Kernel::ProbeFma { .. } => vec![memref(&[64, 16], "f32")],
+        Kernel::CausalConv {
+            channels,
+            taps,
+            wdtype,
+            max_rows,
+        } => vec![
+            memref(&[*max_rows, *channels], "f32"),
+            memref(&[channels * taps], elem(*wdtype)),
+            memref(&[*max_rows, *channels], "f32"),
+            memref(&[abi::MAX_SLOTS, (taps - 1) * channels], "f32"),
+            row_info(*max_rows),
+        ],
+        Kernel::DeltaNet {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+            a_dtype,
+            dt_dtype,
+            max_rows,
+            ..
+        } => vec![
+            memref(&[*max_rows, 2 * k_heads * k_dim + v_heads * v_dim], "f32"),
+            memref(&[*max_rows, *v_heads], "f32"),
+            memref(&[*max_rows, *v_heads], "f32"),
+            memref(&[*max_rows, v_heads * v_dim], "f32"),
+            memref(&[abi::MAX_SLOTS * v_heads * k_dim, *v_dim], "f32"),
+            memref(&[*v_heads], elem(*a_dtype)),
+            memref(&[*v_heads], elem(*dt_dtype)),
+            row_info(*max_rows),
+        ],
+        Kernel::GatedNorm {
+            width,
+            dim,
+            wdtype,
+            max_rows,
+            ..
+        } => vec![
+            memref(&[*max_rows, *width], "f32"),
+            memref(&[*max_rows, *width], "f32"),
+            memref(&[*dim], elem(*wdtype)),
+        ],
     }
 }
 

@@ -39,7 +39,7 @@ fn shape(kind: NormKind) -> NormShape {
 }
 
 const KINDS: [NormKind; 3] = [NormKind::Rms, NormKind::RmsPlusOne, NormKind::Layer];
-const ACTS: [Act; 3] = [Act::Silu, Act::GeluTanh, Act::GeluErf];
+const ACTS: [Act; 4] = [Act::Silu, Act::GeluTanh, Act::GeluErf, Act::Sigmoid];
 
 fn matmul(
     norm: Option<NormShape>,
@@ -236,6 +236,7 @@ fn act_ref(act: Act, v: f64) -> f64 {
         Act::Silu => v / (1.0 + (-v).exp()),
         Act::GeluTanh => 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh()),
         Act::GeluErf => 0.5 * v * (1.0 + erf(v / 2f64.sqrt())),
+        Act::Sigmoid => 1.0 / (1.0 + (-v).exp()),
     }
 }
 

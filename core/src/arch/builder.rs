@@ -98,6 +98,11 @@ impl Builder {
         self.declare(name, row_len, Elem::F32, Rows::Cache)
     }
 
+    /// A recurrent layer's state of `len` f32 values per sequence, kept across calls.
+    pub fn state(&mut self, name: &str, len: usize) -> BufId {
+        self.declare(name, len, Elem::F32, Rows::State)
+    }
+
     pub fn tokens(&self) -> BufId {
         self.spec.buffer_named(TOKENS).expect("standard buffer")
     }

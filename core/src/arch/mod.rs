@@ -14,6 +14,7 @@ mod llama;
 pub mod params;
 mod phi;
 mod phi3;
+mod qwen35;
 pub mod rope_cfg;
 
 #[cfg(test)]
@@ -158,6 +159,17 @@ pub static ARCHITECTURES: &[Architecture] = &[
             ..defaults(131072, Some(4), Some(256), true)
         },
         build: gemma::build,
+    },
+    Architecture {
+        name: "qwen35",
+        hf: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
+        model_types: &["qwen3_5_text", "qwen3_5"],
+        gguf: &["qwen35"],
+        defaults: Defaults {
+            rope_theta: 10_000_000.0,
+            ..defaults(32768, Some(4), Some(256), false)
+        },
+        build: qwen35::build,
     },
 ];
 

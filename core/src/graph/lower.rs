@@ -309,6 +309,66 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
             },
             vec![Arg::Buf(*x), Arg::Buf(*y)],
         ),
+        OpKind::CausalConv {
+            x,
+            out,
+            weight,
+            state,
+            kernel,
+        } => (
+            Kernel::CausalConv {
+                channels: width(*x),
+                taps: *kernel,
+                wdtype: spec.weight(*weight).dtype,
+                max_rows,
+            },
+            vec![
+                Arg::Buf(*x),
+                whole(*weight, spec),
+                Arg::Buf(*out),
+                Arg::Buf(*state),
+                row_info(spec),
+            ],
+        ),
+        OpKind::DeltaNet(d) => (
+            Kernel::DeltaNet {
+                k_heads: d.k_heads,
+                v_heads: d.v_heads,
+                k_dim: d.k_dim,
+                v_dim: d.v_dim,
+                a_dtype: spec.weight(d.a_param).dtype,
+                dt_dtype: spec.weight(d.dt_bias).dtype,
+                decay: d.decay,
+                order: d.order,
+                max_rows,
+            },
+            vec![
+                Arg::Buf(d.qkv),
+                Arg::Buf(d.a),
+                Arg::Buf(d.b),
+                Arg::Buf(d.out),
+                Arg::Buf(d.state),
+                whole(d.a_param, spec),
+                whole(d.dt_bias, spec),
+                row_info(spec),
+            ],
+        ),
+        OpKind::GatedNorm {
+            x,
+            gate,
+            weight,
+            eps,
+            dim,
+        } => (
+            Kernel::GatedNorm {
+                width: width(*x),
+                dim: *dim,
+                wdtype: spec.weight(*weight).dtype,
+                eps: *eps,
+                max_rows,
+            },
+            vec![Arg::Buf(*x), Arg::Buf(*gate), whole(*weight, spec)],
+        ),
     }
 }
 

@@ -12,7 +12,8 @@ mod op;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use op::{Norm, Op, OpKind, QkNormOp};
+pub use crate::ops::{DecayForm, HeadOrder};
+pub use op::{DeltaNet, Norm, Op, OpKind, QkNormOp};
 
 pub use crate::kernel::DECODE_ROWS;
 use crate::kernel::Kernel;

@@ -4,7 +4,7 @@
 //! regime (prefill blocks, one decode row, the output head on the last row), fusing where a
 //! regime gains from it.
 
-use crate::ops::{Act, F32Bits, NormKind, Rotary};
+use crate::ops::{Act, DecayForm, F32Bits, HeadOrder, NormKind, Rotary};
 use crate::spec::{BufId, Elem, ModelSpec, Role, Rows, WeightId, WeightRef};
 use serde::{Deserialize, Serialize};
 
@@ -104,8 +104,66 @@ pub enum OpKind {
     },
     /// `gate = act(gate) * up`.
     GatedAct { gate: BufId, up: BufId, act: Act },
+    /// Causal depthwise convolution over time, then SiLU: `out[t, c] = silu(sum_j w[c, j] *
+    /// x[t - (kernel - 1) + j, c])`, inputs before the sequence's start being zero. The last
+    /// `kernel - 1` inputs of each sequence are kept in `state` across calls.
+    CausalConv {
+        x: BufId,
+        out: BufId,
+        /// `[channels, kernel]` values (Hugging Face stores `[channels, 1, kernel]`).
+        weight: WeightId,
+        state: BufId,
+        kernel: usize,
+    },
+    /// The Gated DeltaNet's recurrence ([`DeltaNet`]): reads the convolved q/k/v and the
+    /// gate inputs, updates each head's state matrix, writes each value head's output.
+    DeltaNet(DeltaNet),
+    /// `x = rmsnorm(x) * w * silu(gate)` per head of `dim` values (the DeltaNet's gated norm,
+    /// plain `w`).
+    GatedNorm {
+        x: BufId,
+        gate: BufId,
+        weight: WeightId,
+        eps: F32Bits,
+        dim: usize,
+    },
     /// `x += y`.
     Add { x: BufId, y: BufId },
+}
+
+/// One Gated DeltaNet recurrence step over a block of rows, as `transformers`' Qwen3.5 computes
+/// it: `q`, `k` L2-normalised (eps 1e-6) and `q` scaled by `k_dim^-0.5`; `beta = sigmoid(b)`;
+/// `g = -exp(A_log) * softplus(a + dt_bias)`; then per value head, with state `S [k_dim, v_dim]`:
+/// `S *= exp(g)`, `delta = (v - S^T k) * beta`, `S += k delta^T`, `out = S^T q`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeltaNet {
+    /// The convolved projection: `k_heads * k_dim` query values, as many key values, then
+    /// `v_heads * v_dim` values.
+    pub qkv: BufId,
+    /// `in_proj_a` and `in_proj_b` outputs, one value per value head.
+    pub a: BufId,
+    pub b: BufId,
+    pub out: BufId,
+    pub a_param: WeightId,
+    pub dt_bias: WeightId,
+    pub state: BufId,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub decay: DecayForm,
+    pub order: HeadOrder,
+}
+
+impl DeltaNet {
+    /// Width of the `qkv` buffer.
+    pub fn qkv_width(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+    /// Values of one sequence's state: a `[k_dim, v_dim]` matrix per value head.
+    pub fn state_len(&self) -> usize {
+        self.v_heads * self.k_dim * self.v_dim
+    }
 }
 
 impl OpKind {
@@ -118,6 +176,9 @@ impl OpKind {
             OpKind::Attention { .. } => "attention",
             OpKind::GatedAct { .. } => "gated_act",
             OpKind::Add { .. } => "add",
+            OpKind::CausalConv { .. } => "causal_conv",
+            OpKind::DeltaNet(_) => "delta_net",
+            OpKind::GatedNorm { .. } => "gated_norm",
         }
     }
 
@@ -137,6 +198,9 @@ impl OpKind {
             } => vec![q, k_cache, v_cache],
             OpKind::GatedAct { gate, up, .. } => vec![gate, up],
             OpKind::Add { x, y } => vec![x, y],
+            OpKind::CausalConv { x, state, .. } => vec![x, state],
+            OpKind::DeltaNet(ref d) => vec![d.qkv, d.a, d.b, d.state],
+            OpKind::GatedNorm { x, gate, .. } => vec![x, gate],
         }
     }
 
@@ -152,6 +216,9 @@ impl OpKind {
             } => vec![q, k, k_cache, v_cache],
             OpKind::GatedAct { gate, .. } => vec![gate],
             OpKind::Add { x, .. } => vec![x],
+            OpKind::CausalConv { out, state, .. } => vec![out, state],
+            OpKind::DeltaNet(ref d) => vec![d.out, d.state],
+            OpKind::GatedNorm { x, .. } => vec![x],
         }
     }
 
@@ -169,6 +236,8 @@ impl OpKind {
             ),
             OpKind::RopeKv { qk_norm, .. } => (qk_norm.iter().flat_map(|n| [n.q, n.k]).collect(), Vec::new()),
             OpKind::Attention { .. } | OpKind::GatedAct { .. } | OpKind::Add { .. } => (Vec::new(), Vec::new()),
+            OpKind::CausalConv { weight, .. } | OpKind::GatedNorm { weight, .. } => (vec![*weight], Vec::new()),
+            OpKind::DeltaNet(d) => (vec![d.a_param, d.dt_bias], Vec::new()),
         }
     }
 
@@ -266,6 +335,47 @@ impl OpKind {
                 let dim = ck.width(*gate)?;
                 ck.buf(*up, Some(dim), Elem::F32)
             }
+            OpKind::CausalConv {
+                x,
+                out,
+                weight,
+                state,
+                kernel,
+            } => {
+                let channels = ck.width(*x)?;
+                ck.buf(*out, Some(channels), Elem::F32)?;
+                if *kernel < 2 {
+                    return Err(format!("a causal convolution of {kernel} taps keeps no state"));
+                }
+                ck.float_values(*weight, channels * kernel)?;
+                ck.state(*state, channels * (kernel - 1))
+            }
+            OpKind::DeltaNet(d) => {
+                if d.k_heads == 0 || d.k_dim == 0 || d.v_dim == 0 || !d.v_heads.is_multiple_of(d.k_heads) {
+                    return Err(format!(
+                        "{} value heads, {} key heads of {}: the value heads must be a positive multiple of \
+                         the key heads",
+                        d.v_heads, d.k_heads, d.k_dim
+                    ));
+                }
+                ck.buf(d.qkv, Some(d.qkv_width()), Elem::F32)?;
+                ck.buf(d.a, Some(d.v_heads), Elem::F32)?;
+                ck.buf(d.b, Some(d.v_heads), Elem::F32)?;
+                ck.buf(d.out, Some(d.v_heads * d.v_dim), Elem::F32)?;
+                ck.vector(d.a_param, d.v_heads)?;
+                ck.vector(d.dt_bias, d.v_heads)?;
+                ck.state(d.state, d.state_len())
+            }
+            OpKind::GatedNorm {
+                x, gate, weight, dim, ..
+            } => {
+                let width = ck.width(*x)?;
+                if *dim == 0 || !width.is_multiple_of(*dim) {
+                    return Err(format!("rows of {width} are not whole heads of {dim}"));
+                }
+                ck.buf(*gate, Some(width), Elem::F32)?;
+                ck.vector(*weight, *dim)
+            }
         }
     }
 }
@@ -321,6 +431,25 @@ impl Checker<'_> {
         let b = self.buffer(id)?;
         if b.rows != Rows::Cache || b.row_len != width || b.elem.kv_dtype().is_none() {
             return Err(format!("buffer {} is not a KV cache of rows of {width} floats", b.name));
+        }
+        Ok(())
+    }
+    /// A recurrent state buffer of `len` f32 values per sequence.
+    fn state(&self, id: BufId, len: usize) -> Result<(), String> {
+        let b = self.buffer(id)?;
+        if b.rows != Rows::State || b.row_len != len || b.elem != Elem::F32 {
+            return Err(format!("buffer {} is not a state of {len} floats per sequence", b.name));
+        }
+        Ok(())
+    }
+    /// A float tensor of `len` values in any shape (a convolution's `[channels, 1, taps]`).
+    fn float_values(&self, id: WeightId, len: usize) -> Result<(), String> {
+        let t = self.tensor(id)?;
+        if t.elems() != len || t.dtype.is_quantized() {
+            return Err(format!(
+                "{} must hold {len} float values, has shape {:?} of {}",
+                t.name, t.shape, t.dtype
+            ));
         }
         Ok(())
     }
