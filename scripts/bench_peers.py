@@ -10,7 +10,8 @@ Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their nat
 and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
 distribution; llama.cpp itself is built here with cmake, `GGML_NATIVE` for this CPU or AVX2 only
 with `--avx2`, once, cached under $KILN_SCRIPTS_CACHE), converts the
-Hugging Face folder to GGUF at the same storage type (bf16 for bf16 weights), then measures both
+Hugging Face folder to GGUF at the same storage type (bf16 for bf16 weights; Qwen3.5 and
+Qwen3-Next without their multi-token-prediction layers, `--no-mtp`), then measures both
 engines interleaved: each repetition runs one fresh process per engine, the order rotated every
 repetition, with a short rest between runs. Both engines get the same synthetic prompt token ids
 (the ones `kiln bench` uses) and decode greedily for the same number of tokens.
@@ -185,6 +186,20 @@ def model_dtype(model_dir):
     return {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dt, "bf16")
 
 
+# Architectures whose converter (`_QwenMtpMixin`) expects multi-token-prediction layers (from
+# `mtp_num_hidden_layers` or `mtp.*` tensors) and fails without them unless given --no-mtp. Kiln
+# and this benchmark read the model without them either way.
+NO_MTP_ARCHITECTURES = {"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+                        "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM"}
+
+
+def converter_options(model_dir):
+    """Extra options of convert_hf_to_gguf.py for this model."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    arch = (cfg.get("architectures") or [""])[0]
+    return ["--no-mtp"] if arch in NO_MTP_ARCHITECTURES else []
+
+
 def to_gguf(model_dir, version):
     outtype = model_dtype(model_dir)
     digest = hashlib.sha256()
@@ -200,7 +215,8 @@ def to_gguf(model_dir, version):
     env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log(f"converting {model_dir} to {outtype} GGUF")
     tmp = out.with_suffix(".partial")
-    subprocess.run([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(tmp)],
+    subprocess.run([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(tmp),
+                    *converter_options(model_dir)],
                    check=True, env=env, stdout=subprocess.DEVNULL)
     tmp.rename(out)
     return out, outtype

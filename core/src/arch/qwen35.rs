@@ -37,6 +37,11 @@ const V_DIM: Key = Key::hf("linear_value_head_dim");
 const V_WIDTH: Key = Key::gguf("ssm.inner_size");
 const LAYER_TYPES: Key = Key::hf("layer_types");
 const INTERVAL: Key = Key::new("full_attention_interval", "full_attention_interval");
+/// llama.cpp's per-block flags (true: a DeltaNet layer), written when `layer_types` is given.
+const RECURRENT: Key = Key::gguf("attention.recurrent_layers");
+/// Multi-token-prediction blocks llama.cpp's converter appends after the model's own layers
+/// (counted in `block_count`); Kiln does not read them.
+const NEXTN: Key = Key::gguf("nextn_predict_layers");
 
 /// The Gated DeltaNet layers' shape.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +109,8 @@ fn build_text(c: Cfg, top: Cfg, prefix: &'static str, d: &Defaults, name: &str) 
         c.bool(keys::TIE)?.or(top.bool(keys::TIE)?).unwrap_or(d.tie)
     };
     let full = full_layers(c, layers)?;
+    // GGUF: without the multi-token-prediction blocks.
+    let layers = full.len();
     let linear = linear_shape(c)?;
     let (rope, dims) = rope(c, d, &h, max_positions)?;
     let shared = Shared {
@@ -142,7 +149,36 @@ fn build_text(c: Cfg, top: Cfg, prefix: &'static str, d: &Defaults, name: &str) 
 }
 
 /// Which layers are full attention: `layer_types`, else every `full_attention_interval`-th.
+/// GGUF (as llama.cpp reads it): the layers are `block_count` less `nextn_predict_layers`, and
+/// `attention.recurrent_layers`, one flag per block, says which are DeltaNet layers, else the
+/// interval does.
 fn full_layers(c: Cfg, layers: usize) -> Result<Vec<bool>, ArchError> {
+    let layers = if c.is_gguf() {
+        let nextn = c.usize(NEXTN, MAX_DIM)?.unwrap_or(0);
+        if nextn >= layers {
+            return Err(c.config_error(format!(
+                "{} ({nextn}) leaves none of the {} ({layers}) blocks to the model",
+                c.name(NEXTN),
+                c.name(keys::LAYERS)
+            )));
+        }
+        if let Some(flags) = c.floats(RECURRENT)? {
+            if flags.len() != layers {
+                return Err(c.invalid(
+                    RECURRENT,
+                    format!(
+                        "has {} entries, expected one per block ({} = {layers})",
+                        flags.len(),
+                        c.name(keys::LAYERS)
+                    ),
+                ));
+            }
+            return Ok(flags[..layers - nextn].iter().map(|&f| f == 0.0).collect());
+        }
+        layers - nextn
+    } else {
+        layers
+    };
     if let Some(types) = c.strings(LAYER_TYPES)? {
         if types.len() != layers {
             return Err(c.invalid(

@@ -188,9 +188,14 @@ impl Params for GgufParams<'_> {
             )),
         }
     }
+    /// A numeric array, or a bool array as 1 (true) and 0 (false): llama.cpp's per-layer flags
+    /// such as `{a}.attention.recurrent_layers`.
     fn floats(&self, name: &str) -> Result<Option<Vec<f64>>, ArchError> {
         match self.meta.get(name) {
             None => Ok(None),
+            Some(Value::Array(Array::Bool(flags))) => {
+                Ok(Some(flags.iter().map(|&f| if f { 1.0 } else { 0.0 }).collect()))
+            }
             Some(Value::Array(a)) => a.to_f64s().map(Some).ok_or_else(|| {
                 arch_err(
                     self.meta
