@@ -6,9 +6,9 @@
 //! in order over its `k_dim x lanes` slice of the state (8 KiB for 128 x 16), which stays in L1
 //! from one token to the next: prefill is a loop of FMAs over an L1-resident block, as
 //! compute-bound as the chunked (WY) form on a CPU, with the same instructions as decode, so
-//! prefill and decode agree bit for bit. Per token: `S *= exp(g)` folded into the two passes
-//! over the slice (`S^T k`, then the rank-1 update and `S^T q`), each with four accumulator
-//! chains so the FMA latency is hidden.
+//! prefill and decode agree bit for bit. Per token, two passes over the slice, each with four
+//! accumulator chains so the FMA latency is hidden: `S^T k` (the decay `exp(g)` applied to the
+//! sum, one FMA per state vector), then `S = S exp(g) + k delta^T` and `S^T q` (three).
 
 use super::elementwise::activate;
 use super::{Dyn, row_place, thread_range};
@@ -79,11 +79,12 @@ pub fn emit_delta_net<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
                 });
             });
             let dec_v = b.broadcast(dec, lanes);
-            // kv = S^T k over the decayed state.
+            // kv = (exp(g) S)^T k, the decay applied once to the sum.
             let kv = accumulate(b, k_dim, lanes, |b, i, acc| {
-                let s_dec = b.mulf(b.load_f32(state, &[b.addi(base, i), col], lanes), dec_v);
-                b.fma(s_dec, b.broadcast(b.load_f32(kn, &[i], 1), lanes), acc)
+                let s = b.load_f32(state, &[b.addi(base, i), col], lanes);
+                b.fma(s, b.broadcast(b.load_f32(kn, &[i], 1), lanes), acc)
             });
+            let kv = b.mulf(kv, dec_v);
             let v0 = b.addi(b.idx(2 * k_heads * k_dim), b.addi(b.muli(h, b.idx(v_dim)), col));
             let v = b.load_f32(qkv, &[r, v0], lanes);
             let delta = b.mulf(b.subf(v, kv), b.broadcast(beta, lanes));
