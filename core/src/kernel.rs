@@ -167,13 +167,13 @@ pub enum Kernel {
         wdtype: DType,
         max_rows: usize,
     },
-    /// The Gated DeltaNet recurrence ([`crate::graph::DeltaNet`]), row by row in order, each
-    /// row on its slot's state (zero at position 0).
+    /// The Gated DeltaNet's per-token inputs, in place, once per row and head so the
+    /// recurrence's work items do not each redo them: q and k of every key head L2-normalised
+    /// (q also scaled by `k_dim^-0.5`), `a` replaced by the decay `exp(g)` with
+    /// `g = A softplus(a + dt_bias)`, `b` by `beta = sigmoid(b)`.
     /// Args: `qkv: f32[max_rows, 2 * k_heads * k_dim + v_heads * v_dim]`,
-    /// `a, b: f32[max_rows, v_heads]`, `out: f32[max_rows, v_heads * v_dim]`,
-    /// `state: f32[MAX_SLOTS * v_heads * k_dim, v_dim]`, `a_param: a_dtype[v_heads]`,
-    /// `dt_bias: dt_dtype[v_heads]`, `row_info`.
-    DeltaNet {
+    /// `a, b: f32[max_rows, v_heads]`, `a_param: a_dtype[v_heads]`, `dt_bias: dt_dtype[v_heads]`.
+    DeltaGates {
         k_heads: usize,
         v_heads: usize,
         k_dim: usize,
@@ -181,6 +181,22 @@ pub enum Kernel {
         a_dtype: DType,
         dt_dtype: DType,
         decay: DecayForm,
+        max_rows: usize,
+    },
+    /// The Gated DeltaNet recurrence ([`crate::graph::DeltaNet`]) over the inputs
+    /// [`Kernel::DeltaGates`] prepared, row by row in order, each row on its slot's state (zero
+    /// at position 0).
+    /// Args: `qkv: f32[max_rows, 2 * k_heads * k_dim + v_heads * v_dim]` (q, k normalised),
+    /// `decay, beta: f32[max_rows, v_heads]`, `out: f32[max_rows, v_heads * v_dim]`,
+    /// `state: f32[MAX_SLOTS * v_heads * k_dim * v_dim]`, `row_info`. The state is laid out
+    /// for the kernel alone, `[slot, value head, block of lanes columns, k_dim, lanes]`: each
+    /// work item's slice is contiguous, where rows of `v_dim` would put its `k_dim` vectors
+    /// `4 v_dim` bytes apart, into few L1 sets (128 lines over 8 sets of 12 ways at 512 B).
+    DeltaNet {
+        k_heads: usize,
+        v_heads: usize,
+        k_dim: usize,
+        v_dim: usize,
         order: HeadOrder,
         max_rows: usize,
     },
@@ -216,6 +232,7 @@ impl Kernel {
             Kernel::GatedAct { .. } => "gated_act",
             Kernel::Add { .. } => "add",
             Kernel::CausalConv { .. } => "causal_conv",
+            Kernel::DeltaGates { .. } => "delta_gates",
             Kernel::DeltaNet { .. } => "delta_net",
             Kernel::GatedNorm { .. } => "gated_norm",
             Kernel::ProbeRead { .. } => "probe_read",
@@ -234,6 +251,7 @@ impl Kernel {
             | Kernel::GatedAct { max_rows, .. }
             | Kernel::Add { max_rows, .. }
             | Kernel::CausalConv { max_rows, .. }
+            | Kernel::DeltaGates { max_rows, .. }
             | Kernel::DeltaNet { max_rows, .. }
             | Kernel::GatedNorm { max_rows, .. } => *max_rows,
             Kernel::ProbeRead { .. } | Kernel::ProbeFma { .. } => 1,
@@ -253,7 +271,8 @@ impl Kernel {
             Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeRead { .. } => 2,
             Kernel::ProbeFma { .. } => 1,
             Kernel::CausalConv { .. } => 5,
-            Kernel::DeltaNet { .. } => 8,
+            Kernel::DeltaGates { .. } => 5,
+            Kernel::DeltaNet { .. } => 6,
             Kernel::GatedNorm { .. } => 3,
         }
     }
@@ -269,6 +288,7 @@ impl Kernel {
             Kernel::GatedAct { .. } | Kernel::Add { .. } | Kernel::ProbeFma { .. } => &[0],
             Kernel::ProbeRead { .. } => &[1],
             Kernel::CausalConv { .. } => &[2, 3],
+            Kernel::DeltaGates { .. } => &[0, 1, 2],
             Kernel::DeltaNet { .. } => &[3, 4],
             Kernel::GatedNorm { .. } => &[0],
         }
@@ -342,6 +362,12 @@ impl Kernel {
             Kernel::ProbeRead { elems } => elems * f,
             Kernel::ProbeFma { .. } => 0,
             Kernel::CausalConv { channels, taps, .. } => (rows * 2 + 2 * (taps - 1) + taps) * channels * f,
+            Kernel::DeltaGates {
+                k_heads,
+                v_heads,
+                k_dim,
+                ..
+            } => rows * 2 * (2 * k_heads * k_dim + 2 * v_heads) * f,
             Kernel::DeltaNet {
                 k_heads,
                 v_heads,
@@ -465,13 +491,23 @@ impl Kernel {
             Kernel::CausalConv {
                 channels, taps, wdtype, ..
             } => format!("c{channels}_t{taps}_{wdtype}"),
+            Kernel::DeltaGates {
+                k_heads,
+                v_heads,
+                k_dim,
+                a_dtype,
+                dt_dtype,
+                decay,
+                ..
+            } => format!("k{k_heads}x{k_dim}_v{v_heads}_{a_dtype}_{dt_dtype}_{decay:?}"),
             Kernel::DeltaNet {
                 k_heads,
                 v_heads,
                 k_dim,
                 v_dim,
+                order,
                 ..
-            } => format!("k{k_heads}x{k_dim}_v{v_heads}x{v_dim}"),
+            } => format!("k{k_heads}x{k_dim}_v{v_heads}x{v_dim}_{order:?}"),
             Kernel::GatedNorm { width, dim, wdtype, .. } => format!("w{width}_d{dim}_{wdtype}"),
         };
         // `decode8`: a decode kernel for up to 8 rows; `r64`: a prefill kernel for blocks of 64.

@@ -116,6 +116,7 @@ pub fn emit_kernel<'c>(ctx: &'c Context, kernel: &Kernel, opts: &CompileOptions)
             Kernel::ProbeRead { .. } => probe::emit_probe_read(b, kernel, p, d, lanes),
             Kernel::ProbeFma { .. } => probe::emit_probe_fma(b, kernel, p, d, lanes),
             Kernel::CausalConv { .. } => recurrent::emit_causal_conv(b, kernel, p, d, lanes),
+            Kernel::DeltaGates { .. } => delta_net::emit_delta_gates(b, kernel, p, d, lanes),
             Kernel::DeltaNet { .. } => delta_net::emit_delta_net(b, kernel, p, d, lanes),
             Kernel::GatedNorm { .. } => recurrent::emit_gated_norm(b, kernel, p, d, lanes),
         }
@@ -289,7 +290,7 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             memref(&[abi::MAX_SLOTS, (taps - 1) * channels], "f32"),
             row_info(*max_rows),
         ],
-        Kernel::DeltaNet {
+        Kernel::DeltaGates {
             k_heads,
             v_heads,
             k_dim,
@@ -302,10 +303,22 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             memref(&[*max_rows, 2 * k_heads * k_dim + v_heads * v_dim], "f32"),
             memref(&[*max_rows, *v_heads], "f32"),
             memref(&[*max_rows, *v_heads], "f32"),
-            memref(&[*max_rows, v_heads * v_dim], "f32"),
-            memref(&[abi::MAX_SLOTS * v_heads * k_dim, *v_dim], "f32"),
             memref(&[*v_heads], elem(*a_dtype)),
             memref(&[*v_heads], elem(*dt_dtype)),
+        ],
+        Kernel::DeltaNet {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+            max_rows,
+            ..
+        } => vec![
+            memref(&[*max_rows, 2 * k_heads * k_dim + v_heads * v_dim], "f32"),
+            memref(&[*max_rows, *v_heads], "f32"),
+            memref(&[*max_rows, *v_heads], "f32"),
+            memref(&[*max_rows, v_heads * v_dim], "f32"),
+            memref(&[abi::MAX_SLOTS * v_heads * k_dim * v_dim], "f32"),
             row_info(*max_rows),
         ],
         Kernel::GatedNorm {

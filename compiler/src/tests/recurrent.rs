@@ -161,9 +161,25 @@ impl DeltaRef {
         }
         out
     }
+
+    /// Where each element of a slot's reference state (`[head][i][j]`) lies in the kernel's
+    /// layout, `[head][block of lanes columns][i][lane]`, at `max_lanes`.
+    fn kernel_layout(&self, max_lanes: usize) -> Vec<usize> {
+        let (kd, vd) = (self.k_dim, self.v_dim);
+        let lanes = crate::ir::lanes_for(vd, max_lanes);
+        let mut at = Vec::with_capacity(self.v_heads * kd * vd);
+        for h in 0..self.v_heads {
+            for i in 0..kd {
+                for j in 0..vd {
+                    at.push(h * kd * vd + (j / lanes) * kd * lanes + i * lanes + j % lanes);
+                }
+            }
+        }
+        at
+    }
 }
 
-/// Invariant: `delta_net` computes, row after row, the gated delta rule of `transformers`'
+/// Invariant: `delta_gates` then `delta_net` compute, row after row, the gated delta rule of `transformers`'
 /// recurrent form on each row's own slot state, from a zero state at position 0 (never the
 /// slot's leftovers), for both value-head orders and both stored forms of `A`, at every vector
 /// width; the state it leaves is the one the next call continues from.
@@ -173,15 +189,16 @@ fn delta_net_follows_the_recurrence_per_sequence() {
         (HeadOrder::Grouped, DecayForm::Log),
         (HeadOrder::Tiled, DecayForm::Negated),
     ] {
-        for lanes in widths() {
+        // k_dim 16: the eight accumulator chains of `S^T k`; 10: two.
+        for (lanes, k_dim) in widths().into_iter().flat_map(|l| [(l, 10), (l, 16)]) {
             let r = DeltaRef {
                 k_heads: 2,
                 v_heads: 4,
-                k_dim: 10,
+                k_dim,
                 v_dim: 24,
                 order,
             };
-            let kernel = Kernel::DeltaNet {
+            let gates = Kernel::DeltaGates {
                 k_heads: r.k_heads,
                 v_heads: r.v_heads,
                 k_dim: r.k_dim,
@@ -189,10 +206,21 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                 a_dtype: DType::F32,
                 dt_dtype: DType::BF16,
                 decay,
+                max_rows: ROWS,
+            };
+            let kernel = Kernel::DeltaNet {
+                k_heads: r.k_heads,
+                v_heads: r.v_heads,
+                k_dim: r.k_dim,
+                v_dim: r.v_dim,
                 order,
                 max_rows: ROWS,
             };
-            let lib = TestLib::build(std::slice::from_ref(&kernel), &CompileOptions::new(ROWS, lanes), None);
+            let lib = TestLib::build(
+                &[gates.clone(), kernel.clone()],
+                &CompileOptions::new(ROWS, lanes),
+                None,
+            );
             let mut rng = Rng(99 + lanes as u64);
             let width = 2 * r.k_heads * r.k_dim + r.v_heads * r.v_dim;
             let per_slot = r.v_heads * r.k_dim * r.v_dim;
@@ -208,12 +236,11 @@ fn delta_net_follows_the_recurrence_per_sequence() {
             let dt_f: Vec<f32> = dt.iter().map(|b| f32::from_bits((*b as u32) << 16)).collect();
             let mut state = vec![f32::NAN; MAX_SLOTS * per_slot];
             let mut refs = vec![vec![0.0f64; per_slot]; 3];
+            let layout = r.kernel_layout(lanes);
             for slot in [1, 2] {
-                let s = rng.vec(per_slot);
-                state[slot * per_slot..][..per_slot].copy_from_slice(&s);
-                refs[slot] = s.iter().map(|v| *v as f64 * 0.1).collect();
-                for (dst, v) in state[slot * per_slot..][..per_slot].iter_mut().zip(&refs[slot]) {
-                    *dst = *v as f32;
+                refs[slot] = rng.vec(per_slot).iter().map(|v| *v as f64 * 0.1).collect();
+                for (at, v) in layout.iter().zip(&refs[slot]) {
+                    state[slot * per_slot + at] = *v as f32;
                 }
             }
             for call in [&FIRST[..], &SECOND[..]] {
@@ -225,14 +252,16 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                 let mut b = rng.vec(ROWS * r.v_heads);
                 let mut out = vec![0f32; ROWS * r.v_heads * r.v_dim];
                 let mut row_info = info(call);
+                // The reference reads the raw inputs, which delta_gates rewrites in place.
+                let (qkv0, a0, b0) = (qkv.clone(), a.clone(), b.clone());
+                let gate_ptrs = [ptr(&mut qkv), ptr(&mut a), ptr(&mut b), ptr(&mut a_param), ptr(&mut dt)];
+                lib.call(&gates, &gate_ptrs, rows, 2);
                 let ptrs = [
                     ptr(&mut qkv),
                     ptr(&mut a),
                     ptr(&mut b),
                     ptr(&mut out),
                     ptr(&mut state),
-                    ptr(&mut a_param),
-                    ptr(&mut dt),
                     ptr(&mut row_info),
                 ];
                 lib.call(&kernel, &ptrs, rows, 2);
@@ -241,18 +270,14 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                     if p == 0 {
                         refs[slot].iter_mut().for_each(|x| *x = 0.0);
                     }
-                    let (av, bv) = (&a[i * r.v_heads..][..r.v_heads], &b[i * r.v_heads..][..r.v_heads]);
-                    want.extend(r.step(&mut refs[slot], &qkv[i * width..][..width], av, bv, &a_neg, &dt_f));
+                    let (av, bv) = (&a0[i * r.v_heads..][..r.v_heads], &b0[i * r.v_heads..][..r.v_heads]);
+                    want.extend(r.step(&mut refs[slot], &qkv0[i * width..][..width], av, bv, &a_neg, &dt_f));
                 }
-                let what = format!("delta_net {order:?} {decay:?} lanes {lanes}");
+                let what = format!("delta_net {order:?} {decay:?} lanes {lanes} k_dim {k_dim}");
                 assert_close(&out[..want.len()], &want, 2e-5, &what);
                 for slot in 0..3 {
-                    assert_close(
-                        &state[slot * per_slot..][..per_slot],
-                        &refs[slot],
-                        2e-5,
-                        &format!("{what} state"),
-                    );
+                    let got: Vec<f32> = layout.iter().map(|at| state[slot * per_slot + at]).collect();
+                    assert_close(&got, &refs[slot], 2e-5, &format!("{what} state"));
                 }
             }
         }

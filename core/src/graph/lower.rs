@@ -30,6 +30,9 @@ enum Unit<'a> {
         x: BufId,
         norm: &'a Norm,
     },
+    /// A DeltaNet's per-token inputs (normalised q/k, decay, beta), prepared in place once
+    /// per row before its recurrence (which lowers from the same op, as `Plain`).
+    DeltaGates(&'a Op),
     /// Two projections and their gated activation as one step.
     GateUp {
         gate: &'a Op,
@@ -57,6 +60,15 @@ fn lower_section(spec: &ModelSpec, head: bool, max_rows: usize, last_row: bool) 
     } else {
         spec.ops.iter().filter(|o| o.head == head).map(Unit::Plain).collect()
     };
+    let units = units.into_iter().flat_map(|u| match u {
+        Unit::Plain(
+            op @ Op {
+                kind: OpKind::DeltaNet(_),
+                ..
+            },
+        ) => vec![Unit::DeltaGates(op), u],
+        u => vec![u],
+    });
     let mut g = Graph::default();
     let mut written_in_head: BTreeSet<BufId> = BTreeSet::new();
     for unit in units {
@@ -114,6 +126,29 @@ fn kernel_of(spec: &ModelSpec, unit: &Unit, max_rows: usize) -> (Kernel, Vec<Arg
         Unit::Plain(op) => {
             let (k, a) = plain(spec, &op.kind, max_rows);
             (k, a, op.layer, op.kind.writes())
+        }
+        Unit::DeltaGates(op) => {
+            let OpKind::DeltaNet(d) = &op.kind else {
+                unreachable!("delta_gates prepares a delta_net's inputs")
+            };
+            let kernel = Kernel::DeltaGates {
+                k_heads: d.k_heads,
+                v_heads: d.v_heads,
+                k_dim: d.k_dim,
+                v_dim: d.v_dim,
+                a_dtype: spec.weight(d.a_param).dtype,
+                dt_dtype: spec.weight(d.dt_bias).dtype,
+                decay: d.decay,
+                max_rows,
+            };
+            let args = vec![
+                Arg::Buf(d.qkv),
+                Arg::Buf(d.a),
+                Arg::Buf(d.b),
+                whole(d.a_param, spec),
+                whole(d.dt_bias, spec),
+            ];
+            (kernel, args, op.layer, vec![d.qkv, d.a, d.b])
         }
         Unit::Folded { op, x, norm } => {
             let (k, a) = linear(spec, &op.kind, Some((x, norm)), max_rows);
@@ -336,9 +371,6 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 v_heads: d.v_heads,
                 k_dim: d.k_dim,
                 v_dim: d.v_dim,
-                a_dtype: spec.weight(d.a_param).dtype,
-                dt_dtype: spec.weight(d.dt_bias).dtype,
-                decay: d.decay,
                 order: d.order,
                 max_rows,
             },
@@ -348,8 +380,6 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                 Arg::Buf(d.b),
                 Arg::Buf(d.out),
                 Arg::Buf(d.state),
-                whole(d.a_param, spec),
-                whole(d.dt_bias, spec),
                 row_info(spec),
             ],
         ),
