@@ -447,6 +447,11 @@ impl PreparedModel {
                 page_in: opts.page_in && opts.ram_budget.is_none(),
             },
         )?;
+        if opts.progress {
+            for note in &m.notes {
+                errln!("note: {note}")?;
+            }
+        }
         let mut spec = m.spec;
         if let Some(elem) = opts.kv_dtype {
             spec.set_kv_elem(elem);

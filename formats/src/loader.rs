@@ -52,6 +52,9 @@ pub struct Model {
     pub sampling: SamplingChoice,
     /// Tensors converted at load (`dequantize`), with their original storage type.
     pub converted: Vec<(WeightId, DType)>,
+    /// Parts of the checkpoint Kiln does not run (a multimodal model's vision tower, a
+    /// multi-token-prediction head), one line each for the user: see [`unread_parts`].
+    pub notes: Vec<String>,
 }
 
 /// How to load a model.
@@ -117,6 +120,7 @@ fn load_safetensors(path: &Path, page_in: bool) -> Result<Model, LoadError> {
         Tokenizer::from_dir(&loaded.dir)
     })?;
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
+    let notes = unread_parts(&loaded.dir, loaded.weights.names());
     let weights = SafetensorsWeights::bind(loaded.weights, &loaded.spec)?;
     Ok(Model {
         source: loaded.dir,
@@ -129,6 +133,7 @@ fn load_safetensors(path: &Path, page_in: bool) -> Result<Model, LoadError> {
         tokenizer,
         eos_token_ids,
         converted: Vec::new(),
+        notes,
     })
 }
 
@@ -166,6 +171,9 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
         tokenizer: g.tokenizer,
         eos_token_ids,
         converted,
+        // llama.cpp's converter writes neither part into the model file (a vision tower goes
+        // to a separate `mmproj` file, the MTP blocks are left out of the layers Kiln reads).
+        notes: Vec::new(),
     })
 }
 
@@ -551,5 +559,61 @@ mod tests {
             e.starts_with(&format!("{}: tensor {}", path.display(), m.spec.weight(id).name)),
             "{e}"
         );
+    }
+}
+
+/// Checkpoint parts that are read by no architecture of Kiln, by tensor-name prefix: a
+/// multimodal checkpoint's vision tower (Qwen3.5's `Qwen3_5ForConditionalGeneration`) and the
+/// multi-token-prediction head released Qwen3.5 checkpoints carry.
+const UNREAD_PARTS: [(&str, &str); 3] = [
+    ("model.visual.", "vision tower: Kiln runs the text model only"),
+    ("visual.", "vision tower: Kiln runs the text model only"),
+    ("mtp.", "multi-token-prediction head: Kiln decodes one token per step"),
+];
+
+/// One note per [`UNREAD_PARTS`] entry some of `names` fall under, naming the folder, the
+/// part, how many tensors it has and why it is not read.
+fn unread_parts<'a>(dir: &Path, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut counts = [0usize; UNREAD_PARTS.len()];
+    for name in names {
+        if let Some(i) = UNREAD_PARTS.iter().position(|(prefix, _)| name.starts_with(prefix)) {
+            counts[i] += 1;
+        }
+    }
+    UNREAD_PARTS
+        .iter()
+        .zip(counts)
+        .filter(|(_, n)| *n > 0)
+        .map(|((prefix, what), n)| {
+            let tensors = if n == 1 { "tensor" } else { "tensors" };
+            format!("{}: {n} {tensors} `{prefix}*` not read ({what})", dir.display())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod unread_tests {
+    use super::*;
+
+    /// Invariant: a multimodal Qwen3.5 checkpoint's vision tower and MTP head are each named
+    /// once with their tensor counts, and the text model's own tensors give no note.
+    #[test]
+    fn vision_tower_and_mtp_head_are_noted_once_each() {
+        let names = [
+            "model.language_model.layers.0.mlp.up_proj.weight",
+            "model.visual.blocks.0.attn.qkv.weight",
+            "model.visual.merger.mlp.0.weight",
+            "mtp.layers.0.mlp.up_proj.weight",
+            "lm_head.weight",
+        ];
+        let notes = unread_parts(Path::new("/m"), names.into_iter());
+        assert_eq!(
+            notes,
+            [
+                "/m: 2 tensors `model.visual.*` not read (vision tower: Kiln runs the text model only)",
+                "/m: 1 tensor `mtp.*` not read (multi-token-prediction head: Kiln decodes one token per step)",
+            ]
+        );
+        assert!(unread_parts(Path::new("/m"), names[..1].iter().copied()).is_empty());
     }
 }
