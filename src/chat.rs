@@ -347,11 +347,26 @@ pub(crate) struct Paced<'a> {
     pub engine: &'a mut Engine,
     /// Slept before each decode step.
     pub delay: Duration,
+    /// Where to save a recurrent model's state while prefilling (`Engine::checkpoint`): the
+    /// end of the conversation before the assistant header of the reply. The next turn renders
+    /// the same tokens up to there, but maybe not after it (templates that drop earlier replies'
+    /// reasoning, or render the header differently in history), and resumes from there
+    /// instead of re-running the conversation (a recurrent state cannot be cut back).
+    pub checkpoint_at: Option<usize>,
 }
 
 impl Model for Paced<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        self.engine.prefill(tokens)
+        let pos = self.engine.position();
+        match self.checkpoint_at {
+            // Prefill in two parts is bitwise the same as in one.
+            Some(at) if at > pos && at < pos + tokens.len() => {
+                self.engine.prefill(&tokens[..at - pos])?;
+                self.engine.checkpoint();
+                self.engine.prefill(&tokens[at - pos..])
+            }
+            _ => self.engine.prefill(tokens),
+        }
     }
     fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
         if !self.delay.is_zero() {
@@ -653,6 +668,22 @@ impl Chat {
 
     /// Generates the reply to `ids` (of which the KV cache holds the first `keep`), streaming
     /// it to stdout unless `--json`. A failed write stops generation and is the outer error.
+    /// Where the conversation in `ids` ends before the reply's assistant header: where a
+    /// recurrent model saves its state (see [`Paced::checkpoint_at`]). `None` for a model
+    /// without recurrent state, or if the history alone does not render.
+    fn history_end(&self, tokenizer: &Tokenizer, ids: &[u32]) -> Option<usize> {
+        if !self.session.spec.is_recurrent() {
+            return None;
+        }
+        let opts = RenderOptions {
+            add_generation_prompt: false,
+            ..self.render.clone()
+        };
+        let history = self.template.render(&self.conversation(), &opts).ok()?;
+        let history_ids = tokenizer.encode(&history, false).ok()?;
+        Some(common_prefix(&history_ids, ids))
+    }
+
     fn reply(
         &mut self,
         tokenizer: &Tokenizer,
@@ -660,6 +691,7 @@ impl Chat {
         keep: usize,
         rendered: &str,
     ) -> Result<Result<Generation, generate::GenerateError>, WriteError> {
+        let checkpoint_at = self.history_end(tokenizer, ids);
         let mut printer = ReplyPrinter::new(self.think, generate::prompt_opens_thinking(rendered), self.styled);
         let json = self.json;
         let cancel = interrupt::cancel_flag();
@@ -676,6 +708,7 @@ impl Chat {
             &mut Paced {
                 engine: &mut self.session.engine,
                 delay: self.delay,
+                checkpoint_at,
             },
             tokenizer,
             &mut self.sampler,

@@ -173,6 +173,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut model = chat::Paced {
         engine: &mut session.engine,
         delay: Duration::from_millis(args.decode_delay_ms),
+        checkpoint_at: None,
     };
     let generation = generate(&mut model, &tokenizer, &prompt_ids, &options, &mut |piece| {
         sink.push(piece)

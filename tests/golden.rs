@@ -470,8 +470,43 @@ fn layer_by_layer_prefill_matches_prefill() {
     assert_ne!(layers[0], layers[1], "each layer changes the residual stream");
 }
 
+/// Invariant: a checkpoint saved where a prompt ends lets a recurrent sequence be cut back to
+/// that position or past it (the tokens after the checkpoint run again) with bitwise the logits
+/// of a fresh run; once the sequence was cut before it, restarted or reset, it is never
+/// restored.
+#[test]
+fn recurrent_checkpoint_resumes_where_it_was_saved_and_only_there() {
+    let case = golden("qwen3_5")
+        .cases
+        .into_iter()
+        .max_by_key(|c| c.prompt_token_ids.len())
+        .unwrap();
+    let ids = &case.prompt_token_ids;
+    let (n, half) = (ids.len(), ids.len() / 2);
+    // Other tokens after the checkpoint, long enough to cut back into anywhere.
+    let other: Vec<u32> = ids.iter().rev().copied().collect();
+    let mut s = open("qwen3_5", 2, None);
+    let fresh = s.engine.prefill(ids).unwrap().to_vec();
+    s.engine.reset();
+    s.engine.prefill(&ids[..half]).unwrap();
+    s.engine.checkpoint();
+    s.engine.prefill(&other).unwrap();
+    assert_eq!(s.engine.truncate(half + 1), half, "back to the checkpoint");
+    assert_eq!(s.engine.prefill(&ids[half..]).unwrap(), &fresh[..], "resumed = fresh");
+    assert_eq!(s.engine.truncate(n - 1), half, "the checkpoint stays valid");
+    assert_eq!(s.engine.prefill(&ids[half..]).unwrap(), &fresh[..]);
+    assert_eq!(s.engine.truncate(half - 1), 0, "before the checkpoint: a restart");
+    s.engine.prefill(&other).unwrap();
+    assert_eq!(s.engine.truncate(half + 1), 0, "a dropped checkpoint is never restored");
+    s.engine.prefill(&ids[..half]).unwrap();
+    s.engine.checkpoint();
+    s.engine.reset();
+    s.engine.prefill(&other).unwrap();
+    assert_eq!(s.engine.truncate(half + 1), 0, "reset drops the checkpoint");
+}
+
 /// A recurrent model's state holds every token so far, so a sequence cannot be cut back to a
-/// shorter prefix: `truncate` to less than the cached length restarts it at 0 (and says so),
+/// shorter prefix: without a checkpoint, `truncate` to less than the cached length restarts it at 0 (and says so),
 /// and running the prompt again gives bitwise the logits of a fresh run, never ones computed
 /// from a stale state. Cutting nothing keeps the state, and continuing from there equals one
 /// longer prefill. A Llama-family model keeps the prefix it is asked to.

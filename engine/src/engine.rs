@@ -3,6 +3,7 @@
 //! with the output head on the last row. All numeric work happens in the library.
 
 use crate::buffers::Buffers;
+use crate::checkpoint::Checkpoints;
 use crate::library::{KernelLibrary, LibraryError};
 use crate::plan::{Plan, Resolved};
 use crate::pool::{Pool, physical_cores};
@@ -169,6 +170,8 @@ pub struct Engine {
     bufs: Buffers,
     /// Tokens in each slot's KV cache.
     positions: Vec<usize>,
+    /// Saved recurrent states to cut back to (see [`Engine::checkpoint_in`]).
+    checkpoints: Checkpoints,
     /// Under `--ram-budget`: the plan, and where streamed weights come from.
     streaming: Option<streaming::Streaming>,
     // Dropped after the plans that point into them.
@@ -255,6 +258,7 @@ impl Engine {
             head_inputs,
             bufs,
             positions: vec![0; config.slots],
+            checkpoints: Checkpoints::new(spec, config.slots),
             streaming,
             weights,
             library,
@@ -343,12 +347,15 @@ impl Engine {
     /// Forgets the conversation (the cache contents are overwritten as positions are reused).
     pub fn reset(&mut self) {
         self.positions[0] = 0;
+        self.checkpoints.forget(0);
     }
     /// Drops every cached position from `pos` on, so generation continues from there, and
     /// returns the position kept: `pos` (or less if fewer were cached), except for a model with
     /// recurrent state ([`ModelSpec::is_recurrent`]), whose state holds every token so far and
-    /// cannot be cut back: cutting anything restarts the sequence at 0 (its kernels start from
-    /// a zero state at position 0), and the caller runs the tokens again.
+    /// cannot be cut back: cutting anything goes back to the slot's checkpoint if it was taken
+    /// at `pos` or before ([`Engine::checkpoint_in`]), else restarts the sequence at 0 (its
+    /// kernels start from a zero state at position 0); the caller runs the tokens after the
+    /// position kept again.
     pub fn truncate(&mut self, pos: usize) -> usize {
         self.truncate_in(0, pos)
     }
@@ -358,12 +365,23 @@ impl Engine {
         let kept = if pos >= now {
             now
         } else if self.spec.is_recurrent() {
-            0
+            self.checkpoints.restore(&mut self.bufs, slot, pos)
         } else {
             pos
         };
         self.positions[slot] = kept;
         kept
+    }
+    /// Saves `slot`'s recurrent state at its current position, so that a later
+    /// [`Engine::truncate_in`] to this position or beyond comes back here instead of
+    /// restarting (one checkpoint per slot; a copy of the state, 19 MiB on the Qwen3.5-0.8B
+    /// shape). Does nothing for a model without recurrent state.
+    pub fn checkpoint_in(&mut self, slot: usize) {
+        self.checkpoints.save(&self.bufs, slot, self.positions[slot]);
+    }
+    /// [`Engine::checkpoint_in`] for slot 0.
+    pub fn checkpoint(&mut self) {
+        self.checkpoint_in(0)
     }
 
     fn check(&self, slot: usize, tokens: &[u32]) -> Result<(), EngineError> {

@@ -4,6 +4,7 @@
 //! [`WeightSource`].
 
 pub mod buffers;
+mod checkpoint;
 pub mod engine;
 pub mod library;
 pub mod plan;
