@@ -470,18 +470,23 @@ fn layer_by_layer_prefill_matches_prefill() {
     assert_ne!(layers[0], layers[1], "each layer changes the residual stream");
 }
 
+/// The longest prompt among `name`'s golden cases.
+fn longest_prompt(name: &str) -> Vec<u32> {
+    golden(name)
+        .cases
+        .into_iter()
+        .map(|c| c.prompt_token_ids)
+        .max_by_key(Vec::len)
+        .unwrap()
+}
+
 /// Invariant: a checkpoint saved where a prompt ends lets a recurrent sequence be cut back to
 /// that position or past it (the tokens after the checkpoint run again) with bitwise the logits
 /// of a fresh run; once the sequence was cut before it, restarted or reset, it is never
 /// restored.
 #[test]
 fn recurrent_checkpoint_resumes_where_it_was_saved_and_only_there() {
-    let case = golden("qwen3_5")
-        .cases
-        .into_iter()
-        .max_by_key(|c| c.prompt_token_ids.len())
-        .unwrap();
-    let ids = &case.prompt_token_ids;
+    let ids = &longest_prompt("qwen3_5");
     let (n, half) = (ids.len(), ids.len() / 2);
     // Other tokens after the checkpoint, long enough to cut back into anywhere.
     let other: Vec<u32> = ids.iter().rev().copied().collect();
@@ -512,12 +517,7 @@ fn recurrent_checkpoint_resumes_where_it_was_saved_and_only_there() {
 /// longer prefill. A Llama-family model keeps the prefix it is asked to.
 #[test]
 fn recurrent_truncation_restarts_and_never_reuses_stale_state() {
-    let case = golden("qwen3_5")
-        .cases
-        .into_iter()
-        .max_by_key(|c| c.prompt_token_ids.len())
-        .unwrap();
-    let ids = &case.prompt_token_ids;
+    let ids = &longest_prompt("qwen3_5");
     let mut session = open("qwen3_5", 2, None);
     let fresh = session.engine.prefill(ids).unwrap().to_vec();
     assert_eq!(

@@ -205,3 +205,36 @@ pub fn has_tensor(c: Cfg, name: &str) -> bool {
 pub fn effective_window(w: Option<usize>, max_positions: usize) -> Option<usize> {
     w.filter(|&w| w < max_positions)
 }
+
+/// Hugging Face's per-layer kinds (`layer_types`), e.g. `full_attention` / `sliding_attention`.
+const LAYER_TYPES: super::Key = super::Key::hf("layer_types");
+
+/// `layer_types` read as one flag per layer, each name mapped by `kinds` (`(name, flag)`);
+/// `None` without the key. A wrong count, or a name `kinds` lacks, is an error naming it.
+pub fn layer_types(c: Cfg, layers: usize, kinds: &[(&str, bool)]) -> Result<Option<Vec<bool>>, ArchError> {
+    let Some(types) = c.strings(LAYER_TYPES)? else {
+        return Ok(None);
+    };
+    if types.len() != layers {
+        return Err(c.invalid(
+            LAYER_TYPES,
+            format!(
+                "has {} entries, expected one per layer (num_hidden_layers = {layers})",
+                types.len()
+            ),
+        ));
+    }
+    let names: Vec<&str> = kinds.iter().map(|(name, _)| *name).collect();
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match kinds.iter().find(|(name, _)| name == t) {
+            Some((_, flag)) => Ok(*flag),
+            None => Err(c.unsupported(format!(
+                "layer type \"{t}\" (layer_types[{i}]; supported: {})",
+                names.join(", ")
+            ))),
+        })
+        .collect::<Result<Vec<bool>, ArchError>>()
+        .map(Some)
+}

@@ -36,7 +36,6 @@ const QUERY_SCALAR: Key = Key::hf("query_pre_attn_scalar");
 const ATTN_CAP: Key = Key::new("attn_logit_softcapping", "attn_logit_softcapping");
 const FINAL_CAP: Key = Key::new("final_logit_softcapping", "final_logit_softcapping");
 const ACT: Key = Key::hf("hidden_activation");
-const LAYER_TYPES: Key = Key::hf("layer_types");
 const PATTERN: Key = Key::new("sliding_window_pattern", "attention.sliding_window_pattern");
 const LOCAL_BASE: Key = Key::new("rope_local_base_freq", "rope.freq_base_swa");
 
@@ -244,29 +243,11 @@ fn refuse_unsupported(c: Cfg, version: Version) -> Result<(), ArchError> {
 /// each 6th). GGUF: llama.cpp's `attention.sliding_window_pattern` period with the same
 /// defaults (Gemma 3 without a sliding window: none).
 fn sliding_layers(c: Cfg, version: Version, layers: usize) -> Result<Vec<bool>, ArchError> {
+    let kinds = [("full_attention", false), ("sliding_attention", true)];
     if !c.is_gguf()
-        && let Some(types) = c.strings(LAYER_TYPES)?
+        && let Some(sliding) = common::layer_types(c, layers, &kinds)?
     {
-        if types.len() != layers {
-            return Err(c.invalid(
-                LAYER_TYPES,
-                format!(
-                    "has {} entries, expected one per layer (num_hidden_layers = {layers})",
-                    types.len()
-                ),
-            ));
-        }
-        return types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t.as_str() {
-                "full_attention" => Ok(false),
-                "sliding_attention" => Ok(true),
-                other => Err(c.unsupported(format!(
-                    "layer type \"{other}\" (layer_types[{i}]; supported: full_attention, sliding_attention)"
-                ))),
-            })
-            .collect();
+        return Ok(sliding);
     }
     let default = if version == Version::Two { 2 } else { 6 };
     let period = match version {

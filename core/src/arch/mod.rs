@@ -22,6 +22,8 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod tests_gemma;
 #[cfg(test)]
+mod tests_gguf;
+#[cfg(test)]
 mod tests_gpt2_phi;
 #[cfg(test)]
 mod tests_phi3;

@@ -35,7 +35,6 @@ const K_HEADS: Key = Key::new("linear_num_key_heads", "ssm.group_count");
 const V_HEADS: Key = Key::new("linear_num_value_heads", "ssm.time_step_rank");
 const V_DIM: Key = Key::hf("linear_value_head_dim");
 const V_WIDTH: Key = Key::gguf("ssm.inner_size");
-const LAYER_TYPES: Key = Key::hf("layer_types");
 const INTERVAL: Key = Key::new("full_attention_interval", "full_attention_interval");
 /// llama.cpp's per-block flags (true: a DeltaNet layer), written when `layer_types` is given.
 const RECURRENT: Key = Key::gguf("attention.recurrent_layers");
@@ -179,27 +178,9 @@ fn full_layers(c: Cfg, layers: usize) -> Result<Vec<bool>, ArchError> {
     } else {
         layers
     };
-    if let Some(types) = c.strings(LAYER_TYPES)? {
-        if types.len() != layers {
-            return Err(c.invalid(
-                LAYER_TYPES,
-                format!(
-                    "has {} entries, expected one per layer (num_hidden_layers = {layers})",
-                    types.len()
-                ),
-            ));
-        }
-        return types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t.as_str() {
-                "full_attention" => Ok(true),
-                "linear_attention" => Ok(false),
-                other => Err(c.unsupported(format!(
-                    "layer type \"{other}\" (layer_types[{i}]; supported: linear_attention, full_attention)"
-                ))),
-            })
-            .collect();
+    let kinds = [("linear_attention", false), ("full_attention", true)];
+    if let Some(full) = common::layer_types(c, layers, &kinds)? {
+        return Ok(full);
     }
     let interval = c.usize(INTERVAL, MAX_DIM)?.unwrap_or(4);
     if interval == 0 {

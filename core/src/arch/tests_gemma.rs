@@ -3,6 +3,7 @@
 //! per-layer windows and RoPE bases they imply, and the one-line refusals of what Kiln does not
 //! implement.
 
+use super::tests_gguf::Gguf;
 use super::{ArchError, HfConfig};
 use crate::graph::OpKind;
 use crate::ops::{F32Bits, NormKind, Rotary};
@@ -343,54 +344,6 @@ fn unsupported_options_are_refused_in_one_line() {
 
 // ---------------------------------------------------------------- GGUF metadata, as llama.cpp reads it
 
-/// GGUF metadata (keys without the `{arch}.` prefix) and the embedding's shape, answering as the
-/// GGUF front end does.
-struct Gguf {
-    arch: &'static str,
-    meta: serde_json::Map<String, Value>,
-    vocab: usize,
-    hidden: usize,
-}
-
-impl super::Params for Gguf {
-    fn format(&self) -> super::Format {
-        super::Format::Gguf
-    }
-    fn key(&self, key: super::Key) -> Option<String> {
-        key.gguf.map(|k| format!("{}.{k}", self.arch))
-    }
-    fn present(&self, name: &str) -> bool {
-        self.meta.contains_key(name)
-    }
-    fn uint(&self, name: &str) -> Result<Option<u64>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_u64))
-    }
-    fn float(&self, name: &str) -> Result<Option<f64>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_f64))
-    }
-    fn boolean(&self, name: &str) -> Result<Option<bool>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_bool))
-    }
-    fn string(&self, name: &str) -> Result<Option<String>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_str).map(str::to_string))
-    }
-    fn strings(&self, _name: &str) -> Result<Option<Vec<String>>, ArchError> {
-        Ok(None)
-    }
-    fn floats(&self, _name: &str) -> Result<Option<Vec<f64>>, ArchError> {
-        Ok(None)
-    }
-    fn object<'s>(&'s self, _name: &str) -> Result<Option<Box<dyn super::Params + 's>>, ArchError> {
-        Ok(None)
-    }
-    fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
-        (name == "token_embd.weight").then(|| vec![self.vocab, self.hidden])
-    }
-    fn tensor_f32s(&self, _name: &str) -> Result<Option<Vec<f32>>, ArchError> {
-        Ok(None)
-    }
-}
-
 /// A small GGUF model of `arch` with `layers` layers (hidden 64, 2 heads of 16, so hidden /
 /// heads = 32 differs from head_dim) and the extra keys `extra`.
 fn gguf(arch: &'static str, layers: u64, extra: Value) -> ModelSpec {
@@ -407,8 +360,7 @@ fn gguf(arch: &'static str, layers: u64, extra: Value) -> ModelSpec {
     let p = Gguf {
         arch,
         meta,
-        vocab: 1000,
-        hidden: 64,
+        tensors: vec![("token_embd.weight", vec![1000, 64])],
     };
     let a = super::by_gguf_name(arch).unwrap();
     super::build(a, &p).unwrap_or_else(|e| panic!("{e:?}"))

@@ -3,6 +3,7 @@
 //! `Qwen3_5ForConditionalGeneration` nesting, llama.cpp's GGUF forms (value heads tiled, `ssm_a`
 //! negated, multi-token-prediction blocks left out) and one-line refusals.
 
+use super::tests_gguf::Gguf;
 use super::{ArchError, HfConfig};
 use crate::graph::OpKind;
 use crate::ops::{DecayForm, HeadOrder, NormKind};
@@ -261,59 +262,6 @@ fn bad_layer_configs_are_refused_in_one_line() {
 
 // ---------------------------------------------------------------- GGUF metadata, as llama.cpp reads it
 
-/// GGUF metadata (keys with the `qwen35.` prefix) and tensor shapes, answering as the GGUF front
-/// end does (bool arrays as numbers 1 and 0).
-struct Gguf {
-    meta: serde_json::Map<String, Value>,
-    tensors: Vec<(&'static str, Vec<usize>)>,
-}
-
-impl super::Params for Gguf {
-    fn format(&self) -> super::Format {
-        super::Format::Gguf
-    }
-    fn key(&self, key: super::Key) -> Option<String> {
-        key.gguf.map(|k| format!("qwen35.{k}"))
-    }
-    fn present(&self, name: &str) -> bool {
-        self.meta.contains_key(name)
-    }
-    fn uint(&self, name: &str) -> Result<Option<u64>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_u64))
-    }
-    fn float(&self, name: &str) -> Result<Option<f64>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_f64))
-    }
-    fn boolean(&self, name: &str) -> Result<Option<bool>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_bool))
-    }
-    fn string(&self, name: &str) -> Result<Option<String>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_str).map(str::to_string))
-    }
-    fn strings(&self, _name: &str) -> Result<Option<Vec<String>>, ArchError> {
-        Ok(None)
-    }
-    fn floats(&self, name: &str) -> Result<Option<Vec<f64>>, ArchError> {
-        Ok(self.meta.get(name).and_then(Value::as_array).map(|a| {
-            a.iter()
-                .map(|v| match v {
-                    Value::Bool(b) => f64::from(u8::from(*b)),
-                    other => other.as_f64().unwrap(),
-                })
-                .collect()
-        }))
-    }
-    fn object<'s>(&'s self, _name: &str) -> Result<Option<Box<dyn super::Params + 's>>, ArchError> {
-        Ok(None)
-    }
-    fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensors.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone())
-    }
-    fn tensor_f32s(&self, _name: &str) -> Result<Option<Vec<f32>>, ArchError> {
-        Ok(None)
-    }
-}
-
 /// The metadata llama.cpp's converter writes for [`small`] with `blocks` blocks, and `extra`
 /// keys (a null value removes one).
 fn gguf(blocks: u64, extra: Value) -> Result<ModelSpec, ArchError> {
@@ -331,6 +279,7 @@ fn gguf(blocks: u64, extra: Value) -> Result<ModelSpec, ArchError> {
         meta.insert(format!("qwen35.{k}"), v.clone());
     }
     let p = Gguf {
+        arch: "qwen35",
         meta,
         tensors: vec![("token_embd.weight", vec![1003, 64]), ("output.weight", vec![1003, 64])],
     };
