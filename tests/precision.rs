@@ -25,6 +25,23 @@ use kiln_text::sampler::argmax;
 /// Zen 5, 2026-12-03): see the printed figures.
 const LOGIT_BOUND: f32 = 0.25;
 
+/// The bound for Qwen3.5's fixture, whose gated delta rule carries the rounding of its gate and
+/// key inputs from token to token. Set from the independent reference, not from Kiln:
+/// transformers itself, with every `nn.Linear` input rounded to bf16 (the arithmetic of this
+/// mode), differs from its float32 logits by up to 0.954 on this fixture (case 2; 0.25, 0.11,
+/// 0.12 on the others), where Kiln's bf16 mode differs by 0.80 (2026-12-03;
+/// `scripts/bf16_input_reference.py tests/fixtures/qwen3_5`, which gives 0.11 for qwen3).
+const QWEN35_LOGIT_BOUND: f32 = 1.0;
+
+/// The bound for fixture `name`.
+fn logit_bound(name: &str) -> f32 {
+    if name == "qwen3_5" {
+        QWEN35_LOGIT_BOUND
+    } else {
+        LOGIT_BOUND
+    }
+}
+
 fn has_bf16() -> bool {
     let host = kiln_core::HostCpu::detect();
     host.features.iter().any(|f| f == "avx512_bf16") && host.f32_lanes() >= 16
@@ -49,7 +66,7 @@ fn bf16_precision_stays_close_to_transformers() {
     for name in models() {
         let mut exact = open(&name, Precision::Exact);
         let mut fast = open(&name, Precision::Bf16);
-        check_near_ties(&name, "precision bf16", &mut exact, &mut fast, LOGIT_BOUND);
+        check_near_ties(&name, "precision bf16", &mut exact, &mut fast, logit_bound(&name));
     }
 }
 
