@@ -3,6 +3,8 @@
 //! spec, mapped weights the engine can bind, a tokenizer and the ids that end generation.
 
 pub mod gguf;
+#[cfg(test)]
+mod head_parts_reference;
 pub mod hub;
 pub mod loader;
 pub mod model;

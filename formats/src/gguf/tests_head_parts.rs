@@ -4,16 +4,11 @@
 
 use super::tests::Writer;
 use super::*;
+use crate::head_parts_reference::{HEADS, PARTS, ROWS, part_major};
 use crate::pread::check;
 use kiln_core::spec::{Layout, Role, Tensor};
 use kiln_core::{DType, ModelSpec};
 use std::path::Path;
-
-const HEADS: usize = 3;
-const PARTS: usize = 2;
-/// Rows of one part of one head.
-const HEAD_DIM: usize = 4;
-const ROWS: usize = HEADS * PARTS * HEAD_DIM;
 
 /// `(name, GGUF type id, storage type, columns)` of each test tensor: a q8_0 matrix (one block
 /// per row), an f16 matrix and an f32 vector (a bias: a row is one element).
@@ -58,22 +53,6 @@ fn model(dir: &Path, layout: Layout) -> (std::path::PathBuf, ModelSpec) {
         .unwrap()
         .spec;
     (path, ModelSpec { weights, ..base })
-}
-
-/// The bytes the kernels read for stored bytes `raw` of [`ROWS`] rows, computed head by head
-/// and part by part: part `p` of head `h` is stored at rows `(h * PARTS + p) * HEAD_DIM ..`
-/// and read at rows `(p * HEADS + h) * HEAD_DIM ..`.
-fn part_major(raw: &[u8]) -> Vec<u8> {
-    let row = raw.len() / ROWS;
-    let block = HEAD_DIM * row;
-    let mut out = Vec::with_capacity(raw.len());
-    for p in 0..PARTS {
-        for h in 0..HEADS {
-            let at = (h * PARTS + p) * block;
-            out.extend(&raw[at..at + block]);
-        }
-    }
-    out
 }
 
 /// Invariant: a `HeadParts` tensor (q8_0, f16 or an f32 vector) is exposed by `weight_ptr`

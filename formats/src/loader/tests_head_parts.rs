@@ -3,14 +3,9 @@
 //! then all gates, through `weight_ptr` and `read_range` alike, for matrices and vectors.
 
 use super::*;
+use crate::head_parts_reference::{HEADS, PARTS, ROWS, part_major};
 use kiln_core::spec::{Role, Tensor};
 use safetensors::tensor::TensorView as StView;
-
-const HEADS: usize = 3;
-const PARTS: usize = 2;
-/// Rows of one part of one head.
-const HEAD_DIM: usize = 4;
-const ROWS: usize = HEADS * PARTS * HEAD_DIM;
 
 /// `(name, storage type, columns)` of each test tensor: a bf16 and an f32 matrix, and an f32
 /// bias (a vector: a row is one element).
@@ -59,21 +54,6 @@ fn model(dir: &Path, layout: Layout) -> (Weights, ModelSpec) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama");
     let base = model::load(&fixture).unwrap().spec;
     (Weights::open(dir).unwrap(), ModelSpec { weights, ..base })
-}
-
-/// The bytes the kernels read for stored bytes `raw` of [`ROWS`] rows, computed head by head
-/// and part by part: part `p` of head `h` is stored at rows `(h * PARTS + p) * HEAD_DIM ..`
-/// and read at rows `(p * HEADS + h) * HEAD_DIM ..`.
-fn part_major(raw: &[u8]) -> Vec<u8> {
-    let block = HEAD_DIM * raw.len() / ROWS;
-    let mut out = Vec::with_capacity(raw.len());
-    for p in 0..PARTS {
-        for h in 0..HEADS {
-            let at = (h * PARTS + p) * block;
-            out.extend(&raw[at..at + block]);
-        }
-    }
-    out
 }
 
 /// Invariant: a `HeadParts` tensor (a bf16 or f32 matrix, or an f32 vector whose rows are
