@@ -1019,7 +1019,7 @@ where
 }
 
 /// Lanes of a `vector<Nxf32>` value (1 for a scalar).
-fn lanes_of(v: Value<'_, '_>) -> usize {
+pub(crate) fn lanes_of(v: Value<'_, '_>) -> usize {
     let ty = v.r#type().to_string();
     ty.strip_prefix("vector<")
         .and_then(|rest| rest.split('x').next())

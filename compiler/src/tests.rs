@@ -11,6 +11,7 @@ use kiln_core::{
 };
 use std::sync::OnceLock;
 
+mod float_order;
 mod kv;
 mod ops;
 mod precision;

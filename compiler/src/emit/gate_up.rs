@@ -72,7 +72,7 @@ pub fn emit_gate_up<'c, 'a>(
     // Shares start on whole activation vectors, so the activation runs on full vectors only.
     let act_lanes = lanes_for(n, max_lanes);
     let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
-    let float_group = (decode_float_rows(lanes) / 2).max(1).min(n);
+    let float_group = (decode_float_rows(lanes, gate_mm.quad(*gate_dtype)) / 2).max(1).min(n);
     with_decode_cols(
         b,
         d,
@@ -81,6 +81,7 @@ pub fn emit_gate_up<'c, 'a>(
         n,
         max_rows,
         gate_mm.q8.is_some(),
+        gate_mm.quad(*gate_dtype),
         |b, quant_group| {
             let group = if gate_dtype.is_quantized() {
                 quant_group

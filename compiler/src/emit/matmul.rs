@@ -22,6 +22,7 @@
 
 mod decode;
 mod q8;
+mod quad;
 
 pub(super) use decode::{decode_float_rows, decode_split, normalised_rows, with_decode_cols};
 
@@ -152,6 +153,9 @@ pub fn emit_matmul<'c, 'a>(
     // the same integer sums per output, so prefill and decode agree bit for bit.
     if decode || m.q8.is_some() {
         return m.decode(b, w, *wdtype, *n, d, *max_rows);
+    }
+    if m.quad(*wdtype) {
+        return m.prefill_quad(b, w, *wdtype, *n, d, *max_rows, max_lanes);
     }
     let stored = WeightSrc::Stored { w, dtype: *wdtype };
     let (mr, nb) = prefill_tile(max_lanes);
@@ -308,21 +312,24 @@ fn widen_rows<'c>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// The epilogue of one output: `+ bias`, the activation, the soft cap
-    /// (`cap * tanh(v / cap)`), `+= y` when accumulating, store.
+    /// The epilogue of one output, or of a vector of consecutive outputs from `col`: `+ bias`,
+    /// the activation, the soft cap (`cap * tanh(v / cap)`), `+= y` when accumulating, store.
+    /// Lane by lane the same operations either way, so an output's value does not depend on
+    /// whether it was finished alone or in a vector.
     fn finish<'b>(&self, b: Kb<'c, 'b>, mut s: Value<'c, 'b>, row: Value<'c, '_>, col: Value<'c, '_>) {
+        let lanes = crate::ir::lanes_of(s);
         if let Some((bias, bdtype)) = self.bias {
-            s = b.addf(s, b.load_weight(bias, &[col], 1, bdtype));
+            s = b.addf(s, b.load_weight(bias, &[col], lanes, bdtype));
         }
         if let Some(act) = self.act {
             s = elementwise::activate(b, act, s);
         }
         if let Some(cap) = self.softcap {
-            let c = b.f32c(cap.get());
+            let c = b.f32_like(s, cap.get());
             s = b.mulf(b.tanh(b.divf(s, c)), c);
         }
         if self.accumulate {
-            s = b.addf(b.load_f32(self.y, &[row, col], 1), s);
+            s = b.addf(b.load_f32(self.y, &[row, col], lanes), s);
         }
         b.store(s, self.y, &[row, col]);
     }

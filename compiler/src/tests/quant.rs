@@ -508,7 +508,7 @@ fn quant_speed() {
 /// Tuning: the decode stream rate of each emitter configuration over a 384 MiB matrix on two
 /// threads, next to the read probe on the same buffer, configurations interleaved round by
 /// round so that machine noise hits them alike:
-/// `KILN_SWEEP="ROWS:NEAR_BYTES[:FAR_BYTES],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
+/// `KILN_SWEEP="ROWS:NEAR_BYTES[:FAR_BYTES[:dot|dlN]],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
 /// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`.
 #[test]
 #[ignore = "timing only: a parameter sweep driven by KILN_SWEEP (see above)"]
@@ -537,7 +537,13 @@ fn decode_sweep() {
             (r.to_string(), p.to_string())
         })
         .collect();
-    let n = (384usize << 20) / dtype.bytes_for(k) / 64 * 64;
+    // `KILN_SWEEP_MIB` (default 384): a matrix that fits the last-level cache measures the
+    // kernels' own rate, as a machine with faster memory would see it.
+    let mib: usize = std::env::var("KILN_SWEEP_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(384);
+    let n = (mib << 20) / dtype.bytes_for(k) / 64 * 64;
     let kernel = Kernel::MatMul {
         n,
         k,
@@ -558,11 +564,22 @@ fn decode_sweep() {
         .map(|(r, p)| {
             // SAFETY: test-only; no other thread reads the environment while we compile.
             unsafe {
-                let (near, far) = p.split_once(':').unwrap_or((p, "0"));
+                let mut fields = p.split(':');
+                let near = fields.next().unwrap_or("0");
+                let far = fields.next().unwrap_or("0");
                 std::env::set_var("KILN_EXP_FROWS", r);
                 std::env::set_var("KILN_EXP_ROWS", r);
                 std::env::set_var("KILN_EXP_PF", near);
                 std::env::set_var("KILN_EXP_PF_FAR", far);
+                // A fourth field picks the float order: `dot` (the dot-product form), `dlN`
+                // (quad order, decode at N lanes), else quad order at the kernel's width.
+                std::env::remove_var("KILN_EXP_NOQUAD");
+                std::env::remove_var("KILN_EXP_QDLANES");
+                match fields.next() {
+                    Some("dot") => std::env::set_var("KILN_EXP_NOQUAD", "1"),
+                    Some(dl) if dl.starts_with("dl") => std::env::set_var("KILN_EXP_QDLANES", &dl[2..]),
+                    _ => {}
+                }
             }
             build(std::slice::from_ref(&kernel), lanes)
         })

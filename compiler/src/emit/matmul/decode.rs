@@ -69,21 +69,35 @@ pub(in crate::emit) fn decode_quant_step(dtype: DType, lanes: usize, blocks_in_r
     }
 }
 
-/// Weight rows a decode thread walks together over float weights, one FMA chain each: two
-/// 512-bit chains (four 256-bit ones) keep more weight bytes in flight per cycle than memory
-/// delivers to one core, whatever the FMA latency; more rows would split the thread's stream
-/// into more short streams without reading any faster.
-pub(in crate::emit) fn decode_float_rows(lanes: usize) -> usize {
-    exp_var("KILN_EXP_FROWS").unwrap_or((32 / lanes).max(1))
+/// Weight rows a decode thread walks together over float weights. In the dot-product order,
+/// one FMA chain each: two 512-bit chains (four 256-bit ones) keep more weight bytes in flight
+/// per cycle than memory delivers to one core, whatever the FMA latency; more rows would split
+/// the thread's stream into more short streams without reading any faster. In quad order
+/// (`quad`, see `quad.rs`) one chain covers `lanes / 4` rows: two chains again.
+pub(in crate::emit) fn decode_float_rows(lanes: usize, quad: bool) -> usize {
+    let chains = (32 / lanes).max(1);
+    let rows = if quad {
+        chains * super::quad::outputs_per_vector(lanes)
+    } else {
+        chains
+    };
+    exp_var("KILN_EXP_FROWS").unwrap_or(rows)
 }
 
 /// A software prefetch issued for every cache line of weights a decode thread streams:
 /// `bytes` ahead in the thread's own stream, with MLIR's locality hint (3 = into L1, 2 = into
 /// L2).
 #[derive(Clone, Copy)]
-struct Prefetch {
-    bytes: usize,
+pub(super) struct Prefetch {
+    pub(super) bytes: usize,
     locality: u32,
+}
+
+impl Prefetch {
+    /// Whether this is the near prefetch (into L1).
+    pub(super) fn near(&self) -> bool {
+        self.locality == 3
+    }
 }
 
 /// The prefetches decode issues per cache line of weights. The hardware prefetchers alone left
@@ -94,7 +108,7 @@ struct Prefetch {
 /// ~80 %, and a far one (32 KiB ahead, into L2: enough requests in flight to cover the memory
 /// latency without holding L1 fill buffers) to ~90 %, measured with `kiln bench` against the
 /// read bandwidth measured in the same run.
-fn decode_prefetches() -> [Prefetch; 2] {
+pub(super) fn decode_prefetches() -> [Prefetch; 2] {
     [
         Prefetch {
             bytes: exp_var("KILN_EXP_PF").unwrap_or(3 << 10),
@@ -119,7 +133,7 @@ const DECODE_MIN_CHUNK_BYTES: usize = 64 << 10;
 /// of row `end - 1`: a thread prefetches only within the range it is working on, never the
 /// rows another thread claimed (nor past the matrix).
 #[allow(clippy::too_many_arguments)]
-fn prefetch_ahead<'c>(
+pub(super) fn prefetch_ahead<'c>(
     b: Kb<'c, '_>,
     w: Value<'c, '_>,
     row: Value<'c, '_>,
@@ -209,9 +223,9 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 /// walk fewer quantised ones, so a tile of activation rows ([`decode_row_tile`]) fits beside
 /// them (each block is dequantised once per tile: with four weight rows and tiles of two
 /// activation rows, eight rows of the 135M Q4_1 demo decoded only 1.6x the tokens of one).
-pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool, q8: bool) -> usize {
+pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool, q8: bool, quad: bool) -> usize {
     match (dtype.is_quantized(), several_rows) {
-        (false, _) => decode_float_rows(lanes),
+        (false, _) => decode_float_rows(lanes, quad),
         (true, false) if q8 => super::q8::q8_cols(dtype),
         (true, false) => decode_quant_rows(dtype, lanes),
         (true, true) => {
@@ -235,12 +249,13 @@ pub(in crate::emit) fn with_decode_cols<'c, F>(
     n: usize,
     max_rows: usize,
     q8: bool,
+    quad: bool,
     body: F,
 ) where
     F: for<'x> Fn(Kb<'c, 'x>, usize),
 {
-    let one = decode_cols(dtype, lanes, false, q8).min(n);
-    let several = decode_cols(dtype, lanes, true, q8).min(n);
+    let one = decode_cols(dtype, lanes, false, q8, quad).min(n);
+    let several = decode_cols(dtype, lanes, true, q8, quad).min(n);
     if max_rows == 1 || one == several {
         return body(b, one);
     }
@@ -334,7 +349,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
         d: Dyn<'c, '_>,
         max_rows: usize,
     ) {
-        with_decode_cols(b, d, dtype, self.lanes, n, max_rows, self.q8.is_some(), |b, group| {
+        let (q8, quad) = (self.q8.is_some(), self.quad(dtype));
+        with_decode_cols(b, d, dtype, self.lanes, n, max_rows, q8, quad, |b, group| {
             decode_split(
                 b,
                 d,
@@ -364,7 +380,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
         d: Dyn<'c, '_>,
         max_rows: usize,
     ) {
-        let tile = decode_row_tile(cols, self.lanes).min(max_rows.next_power_of_two());
+        // In quad order one accumulator covers `lanes / 4` weight rows.
+        let acc_cols = if self.quad(dtype) {
+            cols.div_ceil(super::quad::outputs_per_vector(self.quad_decode_lanes()))
+        } else {
+            cols
+        };
+        let tile = decode_row_tile(acc_cols, self.lanes).min(max_rows.next_power_of_two());
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
             let tile = Tile {
                 col0,
@@ -402,6 +424,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// The tile's outputs from float weights, one FMA chain each, walking `k` a cache line of
     /// weights per step with one prefetch per weight row and line.
     fn float_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>) {
+        if self.quad(dtype) {
+            return self.decode_quads(b, w, dtype, t);
+        }
         let lanes = self.lanes;
         let (ncols, end) = (t.ncols, t.end);
         let (rows, cols, inits) = t.start(b, lanes);

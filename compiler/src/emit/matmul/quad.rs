@@ -1,0 +1,503 @@
+//! Float-weight matmuls in *quad order*: an outer-product prefill micro-kernel and the decode
+//! loop that computes every output with the same FMAs in the same order.
+//!
+//! Why: the dot-product micro-kernel (vectors along `k` on both sides) needs a full activation
+//! vector from L2 for every few FMAs and one accumulator per output *and lane*, so it ran at
+//! 51-68 % of the FMA peak on a Zen 4 EPYC. An outer-product kernel (vectors along `n`, the
+//! activation broadcast) reuses each loaded value many more times, but a pure one sums every
+//! output as one chain in `k` order, which decode could only reproduce by transposing every
+//! weight row it streams. Quad order is the middle way both regimes can do cheaply:
+//!
+//! * A vector of `lanes` holds `O = lanes / 4` outputs times 4 *phases*: lane `4 o + p`
+//!   accumulates `w[n0 + o][k] * x[k]` over `k = p (mod 4)`, in increasing `k`, one FMA per
+//!   quad of `k`. The activation operand is the quad `x[k..k + 4]` repeated `O` times (one
+//!   `vbroadcastf32x4` load); the weight operand is the 16-byte pieces `w[n0 + o][k..k + 4]` of
+//!   `O` rows side by side.
+//! * Each output is then `(p0 + p2) + (p1 + p3)` ([`quad_sums`]).
+//! * Prefill packs a block of weight rows into that layout once per chunk of `k` (a transpose
+//!   of 16-byte pieces, [`transpose_blocks`]) and runs an `mr x nv` tile of accumulators over
+//!   it: `nv` weight vectors and `mr` activation quads per `4 k`, against `mr * nv` FMAs.
+//! * Decode loads `O` weight rows a vector at a time, transposes the pieces in registers (two
+//!   shuffle levels with AVX-512, one with AVX2) and folds them into the same chains.
+//!
+//! With 4 lanes a vector is one output's 4 phases: that is the dot-product order already, so
+//! quad order applies from 8 lanes up; quantised weights and `--precision bf16` keep theirs.
+
+use super::decode::{Tile, decode_prefetches, prefetch_ahead};
+use super::{MatMul, Part, exp_var};
+use crate::emit::Dyn;
+use crate::emit::split_work;
+use crate::ir::Kb;
+use kiln_core::DType;
+use melior::ir::Value;
+
+/// `k` elements per phase group: each lane sums every fourth product.
+pub(super) const QUAD: usize = 4;
+
+/// Outputs one vector of `lanes` holds in quad order.
+pub(super) fn outputs_per_vector(lanes: usize) -> usize {
+    lanes / QUAD
+}
+
+/// Largest prefill weight panel (`chunk * nv * lanes / 4 * 4` bytes): small enough to stay in
+/// L1 (32 KiB on Zen 4) beside the activation quads the tile streams.
+const PANEL_BYTES: usize = 64 << 10;
+
+/// The weight rows of the block a thread packs next (`rows` rows from `row0`, the chunk of
+/// `k` being computed), prefetched into L2 while the row tiles of the current block run:
+/// packing reads `nb` rows side by side, too many streams for the hardware prefetchers, and
+/// its misses to memory otherwise stalled the core (the kernel ran at 70-75 % of the FMA peak
+/// with its weights in memory, about 85 % with them in cache). Tile `t`'s loop iteration `i`
+/// prefetches its share of that region ([`prefetch_next`]).
+#[derive(Clone, Copy)]
+struct NextBlock<'c, 'a> {
+    w: Value<'c, 'a>,
+    dtype: DType,
+    n: usize,
+    k: usize,
+    row0: Value<'c, 'a>,
+    rows: usize,
+    tile: Value<'c, 'a>,
+    tiles: usize,
+}
+
+/// Register tile `(mr, nv)` of the prefill micro-kernel: `mr * nv` accumulators, `nv` weight
+/// vectors and an activation quad in the register file (32 with AVX-512, 16 with AVX2).
+fn quad_tile(max_lanes: usize) -> (usize, usize) {
+    let (mr, nv) = if max_lanes >= 16 { (6, 4) } else { (3, 3) };
+    (
+        exp_var("KILN_EXP_QMR").unwrap_or(mr),
+        exp_var("KILN_EXP_QNV").unwrap_or(nv),
+    )
+}
+
+/// The quad `x[r][k..k + 4]` repeated across `lanes` (one 128-bit broadcast load).
+fn x_quad<'c, 'b>(b: Kb<'c, 'b>, x: Value<'c, '_>, r: Value<'c, '_>, k: Value<'c, '_>, lanes: usize) -> Value<'c, 'b> {
+    let q = b.load_f32(x, &[r, k], QUAD);
+    let mask: Vec<usize> = (0..lanes).map(|l| l % QUAD).collect();
+    b.shuffle(q, q, &mask)
+}
+
+/// `rows[o]` holds consecutive elements of weight row `o` (`O` rows, `O` 128-bit blocks each:
+/// `block` elements per block, 4 f32 or 8 bf16); returns `O` vectors, vector `c` holding block
+/// `c` of every row side by side (block `o` of the result = block `c` of row `o`).
+fn transpose_blocks<'c, 'b>(b: Kb<'c, 'b>, rows: &[Value<'c, 'b>], block: usize) -> Vec<Value<'c, 'b>> {
+    let o_n = rows.len();
+    let width = o_n * block;
+    // Elements of block `q` of operand `v` (0 or 1) of a two-vector shuffle.
+    let blk = |v: usize, q: usize| (0..block).map(move |e| v * width + q * block + e);
+    if o_n == 2 {
+        let t = |c: usize| -> Vec<usize> { blk(0, c).chain(blk(1, c)).collect() };
+        return (0..2).map(|c| b.shuffle_any(rows[0], rows[1], &t(c))).collect();
+    }
+    assert_eq!(o_n, 4, "quad order is for 8 or 16 lanes");
+    // u0 = [r0.0 r0.1 r1.0 r1.1], u1 = [r0.2 r0.3 r1.2 r1.3] (and u2, u3 from rows 2, 3).
+    let half = |lo: usize| -> Vec<usize> {
+        blk(0, lo)
+            .chain(blk(0, lo + 1))
+            .chain(blk(1, lo))
+            .chain(blk(1, lo + 1))
+            .collect()
+    };
+    let u = [
+        b.shuffle_any(rows[0], rows[1], &half(0)),
+        b.shuffle_any(rows[0], rows[1], &half(2)),
+        b.shuffle_any(rows[2], rows[3], &half(0)),
+        b.shuffle_any(rows[2], rows[3], &half(2)),
+    ];
+    // t_c = [r0.c r1.c r2.c r3.c]: blocks (c % 2) and (c % 2) + 2 of u_{c/2} and u_{c/2 + 2}.
+    let pick = |odd: usize| -> Vec<usize> {
+        blk(0, odd)
+            .chain(blk(0, odd + 2))
+            .chain(blk(1, odd))
+            .chain(blk(1, odd + 2))
+            .collect()
+    };
+    (0..4)
+        .map(|c| b.shuffle_any(u[c / 2], u[c / 2 + 2], &pick(c % 2)))
+        .collect()
+}
+
+/// Elements of each weight row one transposition covers: `2 lanes` for bf16 (a 128-bit block
+/// holds two quads, transposed before widening: half the shuffles), else `lanes`.
+fn row_span(dtype: DType, lanes: usize, k: usize) -> usize {
+    if dtype == DType::BF16 && k.is_multiple_of(2 * lanes) {
+        2 * lanes
+    } else {
+        lanes
+    }
+}
+
+/// The sums of four quad-order accumulators (`4 O = lanes` outputs: `vs[0]`'s, then `vs[1]`'s
+/// ...) as one vector, each output `(p0 + p2) + (p1 + p3)`: first each pair of vectors folds
+/// its phases two apart into one vector, then the two halves' neighbouring lanes are added.
+/// Missing vectors (fewer than four) read as zeros; their lanes are not outputs.
+fn combine_quads<'c, 'b>(b: Kb<'c, 'b>, vs: &[Value<'c, 'b>], lanes: usize) -> Value<'c, 'b> {
+    debug_assert!(!vs.is_empty() && vs.len() <= QUAD);
+    let zero = b.zero_like(lanes);
+    let v = |i: usize| vs.get(i).copied().unwrap_or(zero);
+    // Lane `2 i + h` of a folded pair: output `i` of the pair's `2 O` (at lanes `4 i..` of the
+    // two vectors side by side), phases `h` and `h + 2`.
+    let fold = |phase: usize| -> Vec<usize> {
+        (0..lanes / 2)
+            .flat_map(|i| (0..2).map(move |h| i * QUAD + h + phase))
+            .collect()
+    };
+    let pair = |a: Value<'c, 'b>, c: Value<'c, 'b>| b.addf(b.shuffle(a, c, &fold(0)), b.shuffle(a, c, &fold(2)));
+    let (lo, hi) = (pair(v(0), v(1)), pair(v(2), v(3)));
+    let pick = |h: usize| -> Vec<usize> { (0..lanes).map(|i| 2 * i + h).collect() };
+    b.addf(b.shuffle(lo, hi, &pick(0)), b.shuffle(lo, hi, &pick(1)))
+}
+
+/// `O` weight rows from `row0` (only the first `present` exist; the rest read as zeros) at
+/// `k..k + span` ([`row_span`]), in quad order: `span / 4` vectors, quad by quad in `k` order.
+#[allow(clippy::too_many_arguments)]
+fn weight_quads<'c, 'b>(
+    b: Kb<'c, 'b>,
+    w: Value<'c, '_>,
+    dtype: DType,
+    row0: Value<'c, '_>,
+    present: usize,
+    k: Value<'c, '_>,
+    lanes: usize,
+    span: usize,
+) -> Vec<Value<'c, 'b>> {
+    let o_n = outputs_per_vector(lanes);
+    let row = |o: usize| b.addi(row0, b.idx(o));
+    if span == lanes {
+        let rows: Vec<Value> = (0..o_n)
+            .map(|o| {
+                if o < present {
+                    b.load_weight(w, &[row(o), k], lanes, dtype)
+                } else {
+                    b.zero_like(lanes)
+                }
+            })
+            .collect();
+        return transpose_blocks(b, &rows, QUAD);
+    }
+    // bf16, two quads per 128-bit block: transpose the raw 16-bit values, then widen each
+    // block's low and high quads by interleaving zeros below them (`bf16 << 16`).
+    debug_assert_eq!((dtype, span), (DType::BF16, 2 * lanes));
+    let zero = b.int_splat(0, span, "i16");
+    let rows: Vec<Value> = (0..o_n)
+        .map(|o| {
+            if o < present {
+                b.bitcast(b.load_bf16s(w, &[row(o), k], span), "i16")
+            } else {
+                zero
+            }
+        })
+        .collect();
+    let widen = |t: Value<'c, 'b>, half: usize| -> Value<'c, 'b> {
+        let mask: Vec<usize> = (0..o_n)
+            .flat_map(|q| (0..QUAD).flat_map(move |j| [0, span + q * 2 * QUAD + half * QUAD + j]))
+            .collect();
+        b.vbitcast(b.shuffle_any(zero, t, &mask), &format!("vector<{lanes}xf32>"))
+    };
+    transpose_blocks(b, &rows, 2 * QUAD)
+        .into_iter()
+        .flat_map(|t| [widen(t, 0), widen(t, 1)])
+        .collect()
+}
+
+/// Loop iteration `i` (of `iters` per tile) of tile `nb.tile`, in the chunk `k0..k0 + len`:
+/// its share of the next block's lines. The block's rows are one contiguous range of the
+/// matrix, walked in address order: chunk by chunk, each chunk's share is the next `rows *
+/// len` elements of that range (every line is fetched before the block is packed, though not
+/// in the order packing reads them), so a line's address is a multiply-add.
+fn prefetch_next<'c>(
+    b: Kb<'c, '_>,
+    nb: NextBlock<'c, '_>,
+    i: Value<'c, '_>,
+    iters: usize,
+    len: usize,
+    k0: Value<'c, '_>,
+) {
+    let per_line = (64 / nb.dtype.size()).max(1);
+    let total = (nb.rows * len).div_ceil(per_line);
+    let per_iter = total.div_ceil(nb.tiles * iters).max(1);
+    let start = b.addi(b.muli(nb.row0, b.idx(nb.k)), b.muli(k0, b.idx(nb.rows)));
+    let slot = b.addi(b.muli(nb.tile, b.idx(iters)), i);
+    let first = b.addi(start, b.muli(slot, b.idx(per_iter * per_line)));
+    let last = b.idx(nb.n * nb.k - 1);
+    for l in 0..per_iter {
+        // Flat element index into the row-major matrix (row 0, column past `k`: the same
+        // address as its row and column), clamped to the matrix.
+        let at = b.minui(b.addi(first, b.idx(l * per_line)), last);
+        b.prefetch_with(nb.w, &[b.idx(0), at], 2);
+    }
+}
+
+impl<'c, 'a> MatMul<'c, 'a> {
+    /// Whether weights of `dtype` are multiplied in quad order: float weights, at least 8
+    /// lanes, and neither bf16 pairs nor q8 rows.
+    pub(in crate::emit) fn quad(&self, dtype: DType) -> bool {
+        !dtype.is_quantized()
+            && self.lanes >= 8
+            && !self.pairs(dtype)
+            && self.q8.is_none()
+            && exp_var("KILN_EXP_NOQUAD").is_none()
+    }
+
+    /// Vector width of decode in quad order (the order does not depend on it: see the module
+    /// doc): at most 8 lanes. With 16, each transposition of four rows takes two levels of
+    /// 512-bit cross-lane shuffles; with 8, one level of `vperm2i128` per pair of rows (2
+    /// threads, weights in L3, Zen 4 EPYC: 43 -> 44 GB/s median, 55 -> 58 best).
+    pub(super) fn quad_decode_lanes(&self) -> usize {
+        exp_var("KILN_EXP_QDLANES").unwrap_or(8).min(self.lanes)
+    }
+
+    /// Prefill in quad order: threads split the output rows in blocks of `nv * O`; each block
+    /// is packed a chunk of `k` at a time and every row tile runs over the packed chunk.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prefill_quad(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        n: usize,
+        d: Dyn<'c, '_>,
+        max_rows: usize,
+        max_lanes: usize,
+    ) {
+        let lanes = self.lanes;
+        let o_n = outputs_per_vector(lanes);
+        let (mr, nv) = quad_tile(max_lanes);
+        let nv = nv.min(n.div_ceil(o_n));
+        let nb = nv * o_n;
+        let panel_bytes = exp_var("KILN_EXP_QPANEL").unwrap_or(PANEL_BYTES);
+        let span = row_span(dtype, lanes, self.k);
+        let chunk = (panel_bytes / (nb * 4) / span * span).clamp(span, self.k);
+        let panel = b.alloca(&format!("memref<{}x{}xf32>", chunk / QUAD, nv * lanes));
+        let acc = (chunk < self.k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nv * lanes)));
+        let parts = Part::split(self.k, chunk);
+        let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
+            let vecs = cols.div_ceil(o_n);
+            for part in &parts {
+                let chunk_at = |b: Kb<'c, '_>, k0: Value<'c, '_>| {
+                    self.pack_panel(b, w, dtype, panel, n0, cols, part.len, k0);
+                    // Full tiles, then one tile of each smaller power of two the rest needs.
+                    let mr_c = b.idx(mr);
+                    let mut done = b.muli(b.divui(d.rows, mr_c), mr_c);
+                    let tiles = (max_rows / mr).max(1);
+                    b.for_each(b.idx(0), done, mr_c, |b, r0| {
+                        let next = NextBlock {
+                            w,
+                            dtype,
+                            n,
+                            k: self.k,
+                            row0: b.addi(n0, b.idx(nb)),
+                            rows: nb,
+                            tile: b.divui(r0, b.idx(mr)),
+                            tiles,
+                        };
+                        let next = exp_var("KILN_EXP_QNOPF").is_none().then_some(next);
+                        self.quad_micro(b, panel, r0, n0, mr, cols, vecs, *part, k0, acc, next)
+                    });
+                    let mut m = (mr - 1).checked_ilog2().map_or(0, |l| 1usize << l);
+                    while m >= 1 {
+                        let fits = b.cmpi(crate::ir::Cmp::Uge, b.subi(d.rows, done), b.idx(m));
+                        let r0 = done;
+                        b.if_then(fits, |b| {
+                            self.quad_micro(b, panel, r0, n0, m, cols, vecs, *part, k0, acc, None)
+                        });
+                        done = b.select(fits, b.addi(done, b.idx(m)), done);
+                        m /= 2;
+                    }
+                };
+                if part.count == 1 {
+                    chunk_at(b, b.idx(part.k0));
+                } else {
+                    let end = part.k0 + part.count * part.len;
+                    b.for_each(b.idx(part.k0), b.idx(end), b.idx(part.len), chunk_at);
+                }
+            }
+        };
+        let rem = n % nb;
+        split_work(b, d, n, nb, nb, |b, n_start, n_end| {
+            let nb_c = b.idx(nb);
+            let full = b.divui(b.subi(n_end, n_start), nb_c);
+            let n_full_end = b.addi(n_start, b.muli(full, nb_c));
+            b.for_each(n_start, n_full_end, nb_c, |b, n0| block(b, n0, nb));
+            if rem > 0 {
+                let has_rem = b.cmpi(crate::ir::Cmp::Ult, n_full_end, n_end);
+                b.if_then(has_rem, |b| block(b, n_full_end, rem));
+            }
+        });
+    }
+
+    /// Packs rows `n0..n0 + cols` at `k0..k0 + len` into `panel[k / 4][j * lanes + 4 o + p]`
+    /// (row `n0 + j O + o`, element `k0 + k + p`), rows past `cols` as zeros.
+    #[allow(clippy::too_many_arguments)]
+    fn pack_panel(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        panel: Value<'c, '_>,
+        n0: Value<'c, '_>,
+        cols: usize,
+        len: usize,
+        k0: Value<'c, '_>,
+    ) {
+        let lanes = self.lanes;
+        let o_n = outputs_per_vector(lanes);
+        let span = row_span(dtype, lanes, self.k);
+        b.for_each(b.idx(0), b.idx(len), b.idx(span), |b, kk| {
+            let k = b.addi(k0, kk);
+            let s0 = b.divui(kk, b.idx(QUAD));
+            for j in 0..cols.div_ceil(o_n) {
+                let present = (cols - j * o_n).min(o_n);
+                let row0 = b.addi(n0, b.idx(j * o_n));
+                for (c, t) in weight_quads(b, w, dtype, row0, present, k, lanes, span)
+                    .into_iter()
+                    .enumerate()
+                {
+                    b.store(t, panel, &[b.addi(s0, b.idx(c)), b.idx(j * lanes)]);
+                }
+            }
+        });
+    }
+
+    /// The `mr x vecs` accumulators of rows `r0..r0 + mr` over the packed chunk `k0..k0 +
+    /// part.len` (parked in `acc` between chunks); after the last chunk, the outputs
+    /// `n0..n0 + cols` finished.
+    #[allow(clippy::too_many_arguments)]
+    fn quad_micro(
+        &self,
+        b: Kb<'c, '_>,
+        panel: Value<'c, '_>,
+        r0: Value<'c, '_>,
+        n0: Value<'c, '_>,
+        mr: usize,
+        cols: usize,
+        vecs: usize,
+        part: Part,
+        k0: Value<'c, '_>,
+        acc: Option<Value<'c, '_>>,
+        next: Option<NextBlock<'c, '_>>,
+    ) {
+        let lanes = self.lanes;
+        let rows: Vec<Value> = (0..mr).map(|i| b.addi(r0, b.idx(i))).collect();
+        let parked = |i: usize, j: usize| [rows[i], b.idx(j * lanes)];
+        let inits: Vec<Value> = (0..mr * vecs)
+            .map(|ij| match acc {
+                Some(a) if !part.first => b.load_f32(a, &parked(ij / vecs, ij % vecs), lanes),
+                _ => b.zero_like(lanes),
+            })
+            .collect();
+        let out = b.for_range(b.idx(0), b.idx(part.len), b.idx(lanes), &inits, |b, kk, acc| {
+            if let Some(nb) = next {
+                prefetch_next(b, nb, b.divui(kk, b.idx(lanes)), part.len / lanes, part.len, k0);
+            }
+            let mut next = acc.clone();
+            let s0 = b.divui(kk, b.idx(QUAD));
+            for c in 0..lanes / QUAD {
+                let s = b.addi(s0, b.idx(c));
+                let ws: Vec<Value> = (0..vecs)
+                    .map(|j| b.load_f32(panel, &[s, b.idx(j * lanes)], lanes))
+                    .collect();
+                let k = b.addi(b.addi(k0, kk), b.idx(c * QUAD));
+                for (i, &r) in rows.iter().enumerate() {
+                    let xq = x_quad(b, self.x, r, k, lanes);
+                    for (j, &wv) in ws.iter().enumerate() {
+                        next[i * vecs + j] = b.fma(wv, xq, next[i * vecs + j]);
+                    }
+                }
+            }
+            next
+        });
+        if !part.last {
+            let a = acc.expect("an accumulator buffer when k is split");
+            for (ij, &v) in out.iter().enumerate() {
+                b.store(v, a, &parked(ij / vecs, ij % vecs));
+            }
+            return;
+        }
+        let cols: Vec<Value> = (0..cols).map(|c| b.addi(n0, b.idx(c))).collect();
+        self.finish_quads(b, &out, &rows, &cols);
+    }
+
+    /// The epilogue of a quad-order tile: `acc[i * vecs + j]` holds outputs `cols[j * O..]` of
+    /// row `rows[i]` (`vecs = ceil(cols / O)`). Four accumulators at a time are summed into one
+    /// vector ([`combine_quads`]), finished as a vector when all its outputs exist and output
+    /// by output otherwise (the sums are the same either way).
+    pub(super) fn finish_quads(
+        &self,
+        b: Kb<'c, '_>,
+        acc: &[Value<'c, '_>],
+        rows: &[Value<'c, '_>],
+        cols: &[Value<'c, '_>],
+    ) {
+        let lanes = crate::ir::lanes_of(acc[0]);
+        let o_n = outputs_per_vector(lanes);
+        let vecs = cols.len().div_ceil(o_n);
+        for (i, &row) in rows.iter().enumerate() {
+            for j0 in (0..vecs).step_by(QUAD) {
+                let group = &acc[i * vecs + j0..i * vecs + vecs.min(j0 + QUAD)];
+                let sums = combine_quads(b, group, lanes);
+                let first = j0 * o_n;
+                if cols.len() >= first + lanes {
+                    self.finish(b, sums, row, cols[first]);
+                    continue;
+                }
+                for (l, &col) in cols[first..].iter().enumerate() {
+                    self.finish(b, b.extract(sums, l), row, col);
+                }
+            }
+        }
+    }
+
+    /// Decode in quad order: the tile's weight rows `O` at a time, a cache line of each per
+    /// step (prefetched as the dot-product decode does), transposed in registers and folded
+    /// into one accumulator per `O` rows and activation row.
+    pub(super) fn decode_quads(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>) {
+        let lanes = self.quad_decode_lanes();
+        let o_n = outputs_per_vector(lanes);
+        let vecs = t.ncols.div_ceil(o_n);
+        let rows: Vec<Value> = (0..t.m).map(|i| b.addi(t.r0, b.idx(i))).collect();
+        let cols: Vec<Value> = (0..t.ncols).map(|c| b.addi(t.col0, b.idx(c))).collect();
+        let inits: Vec<Value> = (0..t.m * vecs).map(|_| b.zero_like(lanes)).collect();
+        let span = row_span(dtype, lanes, self.k);
+        let per_line = 64 / dtype.size();
+        let unroll = if per_line >= span && self.k.is_multiple_of(per_line) {
+            per_line / span
+        } else {
+            1
+        };
+        // Only the far prefetch (into L2): with the transposes, the near one's address
+        // arithmetic cost more than it saved (2 threads, weights in L3: 53 -> 57 GB/s median
+        // on a Zen 4 EPYC, `decode_sweep`).
+        let prefetches: Vec<_> = decode_prefetches().into_iter().filter(|p| !p.near()).collect();
+        let (zero, kc, step) = (b.idx(0), b.idx(self.k), b.idx(span * unroll));
+        let acc = b.for_range(zero, kc, step, &inits, |b, kk0, acc| {
+            let mut acc = acc;
+            for &col in &cols {
+                for p in prefetches.iter().filter(|p| p.bytes > 0) {
+                    prefetch_ahead(b, w, col, kk0, *p, dtype.size(), self.k, t.end);
+                }
+            }
+            for u in 0..unroll {
+                let kk = b.addi(kk0, b.idx(u * span));
+                let quads: Vec<Vec<Value>> = (0..vecs)
+                    .map(|j| {
+                        let present = (t.ncols - j * o_n).min(o_n);
+                        weight_quads(b, w, dtype, cols[j * o_n], present, kk, lanes, span)
+                    })
+                    .collect();
+                for c in 0..span / QUAD {
+                    let k = b.addi(kk, b.idx(c * QUAD));
+                    for (i, &r) in rows.iter().enumerate() {
+                        let xq = x_quad(b, self.x, r, k, lanes);
+                        for (j, q) in quads.iter().enumerate() {
+                            acc[i * vecs + j] = b.fma(q[c], xq, acc[i * vecs + j]);
+                        }
+                    }
+                }
+            }
+            acc
+        });
+        self.finish_quads(b, &acc, &rows, &cols);
+    }
+}
