@@ -1,4 +1,5 @@
-//! Float-weight matmuls (quad order, `emit/matmul/quad.rs`): every output of a prefill call is
+//! Float-weight matmuls (quad order for bf16 and f16, `emit/matmul/quad.rs`; the dot-product
+//! form for f32): every output of a prefill call is
 //! bit for bit the output decode computes for that row, alone or in a batched step, for every
 //! float weight type and vector width, with shapes that exercise each edge of the emitted
 //! code: `n` neither a multiple of a vector's outputs nor of a prefill block (padded rows),

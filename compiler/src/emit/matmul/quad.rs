@@ -1,5 +1,6 @@
-//! Float-weight matmuls in *quad order*: an outer-product prefill micro-kernel and the decode
-//! loop that computes every output with the same FMAs in the same order.
+//! Half-precision-weight (bf16, f16) matmuls in *quad order*: an outer-product prefill
+//! micro-kernel and the decode loop that computes every output with the same FMAs in the same
+//! order.
 //!
 //! Why: the dot-product micro-kernel (vectors along `k` on both sides) needs a full activation
 //! vector from L2 for every few FMAs and one accumulator per output *and lane*, so it ran at
@@ -13,15 +14,18 @@
 //!   quad of `k`. The activation operand is the quad `x[k..k + 4]` repeated `O` times (one
 //!   `vbroadcastf32x4` load); the weight operand is the 16-byte pieces `w[n0 + o][k..k + 4]` of
 //!   `O` rows side by side.
-//! * Each output is then `(p0 + p2) + (p1 + p3)` ([`quad_sums`]).
+//! * Each output is then `(p0 + p2) + (p1 + p3)` ([`combine_quads`]). Nothing in the order
+//!   depends on the vector width, so the two regimes need not use the same one.
 //! * Prefill packs a block of weight rows into that layout once per chunk of `k` (a transpose
 //!   of 16-byte pieces, [`transpose_blocks`]) and runs an `mr x nv` tile of accumulators over
 //!   it: `nv` weight vectors and `mr` activation quads per `4 k`, against `mr * nv` FMAs.
-//! * Decode loads `O` weight rows a vector at a time, transposes the pieces in registers (two
-//!   shuffle levels with AVX-512, one with AVX2) and folds them into the same chains.
+//! * Decode loads `O` weight rows a vector at a time, transposes the pieces in registers (one
+//!   shuffle level: decode uses 8 lanes, [`MatMul::quad_decode_lanes`]) and folds them into
+//!   the same chains.
 //!
 //! With 4 lanes a vector is one output's 4 phases: that is the dot-product order already, so
-//! quad order applies from 8 lanes up; quantised weights and `--precision bf16` keep theirs.
+//! quad order applies from 8 lanes up; quantised and f32 weights and `--precision bf16` keep
+//! theirs ([`MatMul::quad`] says why for f32).
 
 use super::decode::{Tile, decode_prefetches, prefetch_ahead};
 use super::{MatMul, Part, exp_var};
@@ -39,8 +43,10 @@ pub(super) fn outputs_per_vector(lanes: usize) -> usize {
     lanes / QUAD
 }
 
-/// Largest prefill weight panel (`chunk * nv * lanes / 4 * 4` bytes): small enough to stay in
-/// L1 (32 KiB on Zen 4) beside the activation quads the tile streams.
+/// Largest prefill weight panel (`chunk * nv * lanes / 4 * 4` bytes). Panels this large sit
+/// in L2, not L1, but split `k` into fewer chunks (each chunk re-reads and re-writes every
+/// tile's accumulators). On the 0.5B shape (Zen 4 EPYC, 2 threads, 256-token prefill, medians
+/// of 5 interleaved runs): 64 KiB 236 tok/s, 32 KiB 230, whole rows (no chunks) 226.
 const PANEL_BYTES: usize = 64 << 10;
 
 /// The weight rows of the block a thread packs next (`rows` rows from `row0`, the chunk of
@@ -230,10 +236,13 @@ fn prefetch_next<'c>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// Whether weights of `dtype` are multiplied in quad order: float weights, at least 8
-    /// lanes, and neither bf16 pairs nor q8 rows.
+    /// Whether weights of `dtype` are multiplied in quad order: bf16 and f16 weights, at
+    /// least 8 lanes, and neither bf16 pairs nor q8 rows. f32 weights keep the dot-product
+    /// order of the quantised kernels: `--dequantize f32` then computes bit for bit what the
+    /// quantised kernels do (`tests/gguf.rs` holds them to that), an exact check of every
+    /// format's dequantisation.
     pub(in crate::emit) fn quad(&self, dtype: DType) -> bool {
-        !dtype.is_quantized()
+        matches!(dtype, DType::BF16 | DType::F16)
             && self.lanes >= 8
             && !self.pairs(dtype)
             && self.q8.is_none()
