@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import pathlib
+import platform
 import shutil
 import statistics
 import subprocess
@@ -129,13 +130,32 @@ LLAMA_FLAGS = {
 }
 
 
+def host_cpu_tag():
+    """A short hash of this CPU's identity (vendor, family, model, flags): a native build made on
+    another CPU (the machine under this project changes between sessions) may use instructions
+    this one lacks, or miss ones it has, so each CPU gets its own."""
+    fields = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("vendor_id", "cpu family", "model", "model name", "flags"):
+                    fields.append(line.strip())
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        fields.append(platform.processor())
+    return hashlib.sha256("\n".join(fields).encode()).hexdigest()[:8]
+
+
 def llama_libs(version, isa):
     """The folder of libllama and its ggml libraries built for `isa` (`native` or `avx2`) from the
     sources llama-cpp-python `version` vendors (its Python bindings load them from there:
     LLAMA_CPP_LIB_PATH). The build's own `bin` folder, where cmake links them next to each
     other: copies elsewhere would still find their ggml libraries through the RUNPATH cmake
     gives them."""
-    build = WORK / f"llama-cpp-{version}-{isa}-build"
+    tag = f"{isa}-{host_cpu_tag()}" if isa == "native" else isa
+    build = WORK / f"llama-cpp-{version}-{tag}-build"
     libs = build / "bin"
     if (libs / "libllama.so").exists():
         return libs
