@@ -208,18 +208,21 @@ pub fn emit_matmul<'c, 'a>(
                     });
                 }
             };
-            if part.count == 1 {
-                chunk_at(b, b.idx(part.k0));
-            } else {
-                // The middle chunks are all alike: one loop, not one copy of the code each.
-                let (lo, hi, step) = (b.idx(part.k0), b.idx(part.k0 + part.count * part.len), b.idx(part.len));
-                b.for_each(lo, hi, step, chunk_at);
-            }
+            part.each(b, chunk_at);
         }
     };
-    // Shares are whole blocks, so only the range ending at `n` has a remainder: `n % nb`.
+    split_blocks(b, d, *n, nb, block);
+}
+
+/// Splits the `n` output rows between threads ([`split_work`]) in blocks of `nb` and runs
+/// `block(b, n0, rows)` on each: shares are whole blocks, so only the share ending at `n` meets
+/// the remainder, whose size `n % nb` is a constant.
+fn split_blocks<'c, F>(b: Kb<'c, '_>, d: Dyn<'c, '_>, n: usize, nb: usize, block: F)
+where
+    F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, usize),
+{
     let rem = n % nb;
-    split_work(b, d, *n, nb, nb, |b, n_start, n_end| {
+    split_work(b, d, n, nb, nb, |b, n_start, n_end| {
         let nb_c = b.idx(nb);
         let full_blocks = b.divui(b.subi(n_end, n_start), nb_c);
         let n_full_end = b.addi(n_start, b.muli(full_blocks, nb_c));
@@ -245,6 +248,20 @@ struct Part {
 }
 
 impl Part {
+    /// Runs `chunk_at(b, k0)` for each of this part's chunks: once, or (the middle chunks are
+    /// all alike) as one loop rather than one copy of the code each.
+    fn each<'c, F>(&self, b: Kb<'c, '_>, chunk_at: F)
+    where
+        F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>),
+    {
+        if self.count == 1 {
+            chunk_at(b, b.idx(self.k0));
+        } else {
+            let (lo, hi, step) = (b.idx(self.k0), b.idx(self.k0 + self.count * self.len), b.idx(self.len));
+            b.for_each(lo, hi, step, chunk_at);
+        }
+    }
+
     /// `k` in chunks of `chunk`: the first chunk, the middle ones (emitted as a loop), and the
     /// last (possibly shorter) one, so the code has at most three copies of the micro-kernel.
     fn split(k: usize, chunk: usize) -> Vec<Part> {

@@ -28,9 +28,8 @@
 //! theirs ([`MatMul::quad`] says why for f32).
 
 use super::decode::{Tile, decode_prefetches, prefetch_ahead};
-use super::{MatMul, Part, exp_var};
+use super::{MatMul, Part, exp_var, split_blocks};
 use crate::emit::Dyn;
-use crate::emit::split_work;
 use crate::ir::Kb;
 use kiln_core::DType;
 use melior::ir::Value;
@@ -315,25 +314,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         m /= 2;
                     }
                 };
-                if part.count == 1 {
-                    chunk_at(b, b.idx(part.k0));
-                } else {
-                    let end = part.k0 + part.count * part.len;
-                    b.for_each(b.idx(part.k0), b.idx(end), b.idx(part.len), chunk_at);
-                }
+                part.each(b, chunk_at);
             }
         };
-        let rem = n % nb;
-        split_work(b, d, n, nb, nb, |b, n_start, n_end| {
-            let nb_c = b.idx(nb);
-            let full = b.divui(b.subi(n_end, n_start), nb_c);
-            let n_full_end = b.addi(n_start, b.muli(full, nb_c));
-            b.for_each(n_start, n_full_end, nb_c, |b, n0| block(b, n0, nb));
-            if rem > 0 {
-                let has_rem = b.cmpi(crate::ir::Cmp::Ult, n_full_end, n_end);
-                b.if_then(has_rem, |b| block(b, n_full_end, rem));
-            }
-        });
+        split_blocks(b, d, n, nb, block);
     }
 
     /// Packs rows `n0..n0 + cols` at `k0..k0 + len` into `panel[k / 4][j * lanes + 4 o + p]`
