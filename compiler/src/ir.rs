@@ -757,10 +757,17 @@ impl<'c, 'a> Kb<'c, 'a> {
         let x = self.load_f32(mem, idx, n);
         self.op1("arith.truncf", &[x], self.vec_ty(n, "bf16"), &[])
     }
-    /// `acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1]` per f32 lane of `acc` (`vdpbf16ps`: 16
-    /// lanes, 32 bf16 from each operand; the products are exact, the sums rounded in f32).
+    /// `acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1]` per f32 lane of `acc` (`vdpbf16ps`: 16,
+    /// 8 or 4 lanes, twice as many bf16 from each operand; the products are exact, the sums
+    /// rounded in f32, lane by lane the same at every width).
     pub fn dot_bf16_pairs(&self, acc: Value<'c, '_>, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
-        self.intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[acc, a, b], acc.r#type())
+        let name = match lanes_of(acc) {
+            16 => "llvm.x86.avx512bf16.dpbf16ps.512",
+            8 => "llvm.x86.avx512bf16.dpbf16ps.256",
+            4 => "llvm.x86.avx512bf16.dpbf16ps.128",
+            l => panic!("vdpbf16ps has no {l}-lane form"),
+        };
+        self.intrinsic(name, &[acc, a, b], acc.r#type())
     }
     /// Loads `n` consecutive bytes as a `vector<nxi8>` (no alignment assumed).
     pub fn load_bytes(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], n: usize) -> Value<'c, 'a> {
@@ -801,6 +808,25 @@ impl<'c, 'a> Kb<'c, 'a> {
     /// Stores a scalar or a vector.
     /// A statically shaped stack buffer of type `ty` (e.g. `memref<4x64xf32>`), 64-byte aligned,
     /// private to the calling thread and alive until the kernel returns.
+    /// A heap buffer (`memref.alloc`: `malloc` in the compiled library), for buffers too large
+    /// for a thread's stack; freed with [`Kb::dealloc`] before the kernel returns.
+    pub fn alloc(&self, ty: &str) -> Value<'c, 'a> {
+        let ty = self.ty(ty);
+        self.op(
+            "memref.alloc",
+            &[],
+            &[ty],
+            &[
+                ("alignment", self.attr("64 : i64")),
+                ("operandSegmentSizes", self.attr("array<i32: 0, 0>")),
+            ],
+        )[0]
+    }
+
+    pub fn dealloc(&self, mem: Value<'c, '_>) {
+        self.op("memref.dealloc", &[mem], &[], &[]);
+    }
+
     pub fn alloca(&self, ty: &str) -> Value<'c, 'a> {
         let ty = self.ty(ty);
         self.op(

@@ -12,7 +12,7 @@
 
 use super::Dyn;
 use super::elementwise::gated_at;
-use super::matmul::{MatMul, decode_float_rows, decode_split, normalised_rows, q8_acts, with_decode_cols};
+use super::matmul::{MatMul, bf16_rows, decode_float_rows, decode_split, normalised_rows, q8_acts, with_decode_cols};
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
 use melior::ir::Value;
@@ -51,6 +51,8 @@ pub fn emit_gate_up<'c, 'a>(
     let q8 =
         q8_acts(b, d, x, *gate_dtype, k, max_rows, opts).or_else(|| q8_acts(b, d, x, *up_dtype, k, max_rows, opts));
     let q8_for = |dtype: kiln_core::DType| q8.filter(|_| super::quant8::supports(dtype));
+    let rounded = bf16_rows(b, d, x, &[*gate_dtype, *up_dtype], k, max_rows, lanes, opts);
+    let x_bf16 = rounded.map(|r| r.buf);
     let projection = |y, dtype| MatMul {
         k,
         lanes,
@@ -61,6 +63,7 @@ pub fn emit_gate_up<'c, 'a>(
         act: None,
         softcap: None,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
+        x_bf16,
         q8: q8_for(dtype),
     };
     let (gate_mm, up_mm) = (projection(gate, *gate_dtype), projection(up, *up_dtype));
@@ -110,6 +113,9 @@ pub fn emit_gate_up<'c, 'a>(
             );
         },
     );
+    if let Some(r) = rounded {
+        r.release(b);
+    }
 }
 
 fn lcm(a: usize, b: usize) -> usize {

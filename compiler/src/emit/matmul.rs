@@ -25,6 +25,7 @@ mod q8;
 mod quad;
 
 pub(super) use decode::{decode_float_rows, decode_split, normalised_rows, with_decode_cols};
+pub(super) use quad::bf16_rows;
 
 use super::{Dyn, elementwise, quant, quant8, split_work};
 use crate::ir::{Kb, lanes_for};
@@ -74,6 +75,9 @@ pub(super) struct MatMul<'c, 'a> {
     /// `--precision bf16`: bf16 weights multiply bf16-rounded activations in pairs
     /// ([`MatMul::pairs`]).
     pub(super) bf16_pairs: bool,
+    /// The rows of `x` rounded to bf16 once per call ([`bf16_rows`]), from which the pairs
+    /// broadcast their activation pieces; `None` where the pairs do not apply.
+    pub(super) x_bf16: Option<Value<'c, 'a>>,
     /// `--precision q8` over weights it covers: the rows rounded to 8 bits, multiplied in
     /// integers ([`MatMul::q8_rows`]), in decode and prefill alike.
     pub(super) q8: Option<quant8::Acts<'c, 'a>>,
@@ -136,6 +140,7 @@ pub fn emit_matmul<'c, 'a>(
         }
         None => p[0],
     };
+    let rounded = bf16_rows(b, d, x, &[*wdtype], *k, *max_rows, lanes_for(*k, max_lanes), opts);
     let m = MatMul {
         k: *k,
         lanes: lanes_for(*k, max_lanes),
@@ -146,72 +151,91 @@ pub fn emit_matmul<'c, 'a>(
         act: *act,
         softcap: *softcap,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
+        x_bf16: rounded.map(|r| r.buf),
         q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, opts),
     };
     let w = p[1];
     // `--precision q8` prefills with decode's code: row tiles over each weight row's blocks,
     // the same integer sums per output, so prefill and decode agree bit for bit.
     if decode || m.q8.is_some() {
-        return m.decode(b, w, *wdtype, *n, d, *max_rows);
-    }
-    if m.quad(*wdtype) {
-        return m.prefill_quad(b, w, *wdtype, *n, d, *max_rows, max_lanes);
-    }
-    let stored = WeightSrc::Stored { w, dtype: *wdtype };
-    let (mr, nb) = prefill_tile(max_lanes);
-    let nb = nb.min(*n);
-    // Quantised and half-precision rows are widened into the scratch a chunk of `k` at a time
-    // (whole blocks for quantised ones); the accumulators wait between chunks in `acc`, so
-    // each output is still one chain of FMAs in `k` order, as in decode. f32 rows are read
-    // as stored, and so are bf16 rows multiplied in pairs (`--precision bf16`), in chunks of
-    // `k` whose rows stay in L1 while every row tile passes over them.
-    let pairs = m.pairs(*wdtype);
-    let use_scratch = (wdtype.is_quantized() || *wdtype != DType::F32) && !pairs;
-    let chunk_bytes = exp_var("KILN_EXP_KCHUNK").unwrap_or(PREFILL_CHUNK_BYTES);
-    let chunk = if pairs {
-        (chunk_bytes / (nb * 2) / PAIR_STEP * PAIR_STEP).clamp(PAIR_STEP, *k)
-    } else if wdtype.is_quantized() {
-        let be = wdtype.block_elems();
-        (chunk_bytes / (nb * 4) / be * be).clamp(be, *k)
-    } else if *wdtype != DType::F32 {
-        let step = m.lanes;
-        (chunk_bytes / (nb * 4) / step * step).clamp(step, *k)
+        m.decode(b, w, *wdtype, *n, d, *max_rows);
+    } else if m.quad(*wdtype) {
+        m.prefill_quad(b, w, *wdtype, *n, d, *max_rows, max_lanes);
     } else {
-        *k
-    };
-    let scratch = use_scratch.then(|| b.alloca(&format!("memref<{nb}x{chunk}xf32>")));
-    let acc = (chunk < *k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nb * m.lanes)));
-    let parts = Part::split(*k, chunk);
+        m.prefill_dot(b, w, *wdtype, *n, d, *max_rows, max_lanes);
+    }
+    if let Some(r) = rounded {
+        r.release(b);
+    }
+}
 
-    // One block of `cols` weight rows starting at `n0`, over every row tile.
-    let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
-        for part in &parts {
-            // One chunk of `k` from `k0`.
-            let chunk_at = |b: Kb<'c, '_>, k0: Value<'c, '_>| {
-                let src = match scratch {
-                    Some(s) => {
-                        widen_rows(b, w, *wdtype, s, n0, cols, *part, k0, m.lanes);
-                        WeightSrc::Scratch(s)
-                    }
-                    None => stored,
-                };
-                let mr_c = b.idx(mr);
-                let rows_full = b.muli(b.divui(d.rows, mr_c), mr_c);
-                let zero = b.idx(0);
-                b.for_each(zero, rows_full, mr_c, |b, r0| {
-                    m.micro(b, src, r0, n0, mr, cols, *part, k0, acc)
-                });
-                if mr > 1 {
-                    let one = b.idx(1);
-                    b.for_each(rows_full, d.rows, one, |b, r0| {
-                        m.micro(b, src, r0, n0, 1, cols, *part, k0, acc)
+impl<'c, 'a> MatMul<'c, 'a> {
+    /// Prefill in the dot-product form (f32 and quantised weights, and float weights at 4
+    /// lanes): threads split the outputs in blocks of `nb` rows, each block widened or
+    /// dequantised into the scratch a chunk of `k` at a time, every row tile run over it.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_dot(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        wdtype: DType,
+        n: usize,
+        d: Dyn<'c, '_>,
+        max_rows: usize,
+        max_lanes: usize,
+    ) {
+        let (k, lanes) = (self.k, self.lanes);
+        let stored = WeightSrc::Stored { w, dtype: wdtype };
+        let (mr, nb) = prefill_tile(max_lanes);
+        let nb = nb.min(n);
+        // Quantised and half-precision rows are widened into the scratch a chunk of `k` at a
+        // time (whole blocks for quantised ones); the accumulators wait between chunks in
+        // `acc`, so each output is still one chain of FMAs in `k` order, as in decode. f32
+        // rows are read as stored.
+        let use_scratch = wdtype != DType::F32;
+        let chunk_bytes = exp_var("KILN_EXP_KCHUNK").unwrap_or(PREFILL_CHUNK_BYTES);
+        let chunk = if wdtype.is_quantized() {
+            let be = wdtype.block_elems();
+            (chunk_bytes / (nb * 4) / be * be).clamp(be, k)
+        } else if use_scratch {
+            (chunk_bytes / (nb * 4) / lanes * lanes).clamp(lanes, k)
+        } else {
+            k
+        };
+        let scratch = use_scratch.then(|| b.alloca(&format!("memref<{nb}x{chunk}xf32>")));
+        let acc = (chunk < k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nb * lanes)));
+        let parts = Part::split(k, chunk);
+
+        // One block of `cols` weight rows starting at `n0`, over every row tile.
+        let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
+            for part in &parts {
+                // One chunk of `k` from `k0`.
+                let chunk_at = |b: Kb<'c, '_>, k0: Value<'c, '_>| {
+                    let src = match scratch {
+                        Some(s) => {
+                            widen_rows(b, w, wdtype, s, n0, cols, *part, k0, lanes);
+                            WeightSrc::Scratch(s)
+                        }
+                        None => stored,
+                    };
+                    let mr_c = b.idx(mr);
+                    let rows_full = b.muli(b.divui(d.rows, mr_c), mr_c);
+                    let zero = b.idx(0);
+                    b.for_each(zero, rows_full, mr_c, |b, r0| {
+                        self.micro(b, src, r0, n0, mr, cols, *part, k0, acc)
                     });
-                }
-            };
-            part.each(b, chunk_at);
-        }
-    };
-    split_blocks(b, d, *n, nb, block);
+                    if mr > 1 {
+                        let one = b.idx(1);
+                        b.for_each(rows_full, d.rows, one, |b, r0| {
+                            self.micro(b, src, r0, n0, 1, cols, *part, k0, acc)
+                        });
+                    }
+                };
+                part.each(b, chunk_at);
+            }
+        };
+        split_blocks(b, d, n, nb, block);
+    }
 }
 
 /// Splits the `n` output rows between threads ([`split_work`]) in blocks of `nb` and runs
@@ -377,29 +401,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 _ => b.zero_like(lanes),
             })
             .collect();
-        if let WeightSrc::Stored { w, dtype } = src
-            && self.pairs(dtype)
-        {
-            // bf16 pairs: each row's activations rounded once per step, each weight vector
-            // loaded as stored and multiplied into every row.
-            let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(PAIR_STEP));
-            let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
-                let kx = b.addi(k0, kk);
-                let xs: Vec<Value> = rows
-                    .iter()
-                    .map(|&r| b.load_as_bf16(self.x, &[r, kx], PAIR_STEP))
-                    .collect();
-                let mut next = acc.clone();
-                for j in 0..nb {
-                    let wv = b.load_bf16s(w, &[cols[j], kx], PAIR_STEP);
-                    for (i, &xv) in xs.iter().enumerate() {
-                        next[i * nb + j] = b.dot_bf16_pairs(acc[i * nb + j], xv, wv);
-                    }
-                }
-                next
-            });
-            return self.finish_micro(b, &acc_out, &rows, &cols, part, acc, &parked);
-        }
         let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(lanes));
         let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
             let kx = b.addi(k0, kk);

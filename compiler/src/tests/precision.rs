@@ -1,7 +1,10 @@
 //! `--precision bf16`: matmuls and the fused gate/up over bf16 weights round each activation
 //! to bf16 and sum pairs of products with `vdpbf16ps`. Checked against an f64 reference over
-//! the bf16-rounded activations, and decode against prefill bit for bit (the same chain per
-//! output). Runs only where the host has AVX512-BF16.
+//! the bf16-rounded activations, and decode against prefill bit for bit (the same quad-order
+//! chains per output), over shapes that reach each edge of the packed prefill: `n` not a
+//! multiple of a vector's 4 outputs nor of a 16-output block, `k` split into panel chunks
+//! (accumulators parked between them), a partial row tile. Runs only where the host has
+//! AVX512-BF16.
 
 use super::{Rng, TestLib, assert_close, ptr, weights};
 use kiln_core::dequant::{bf16_to_f32, f32_to_bf16};
@@ -10,11 +13,21 @@ use kiln_core::{Act, CompileOptions, DType, HostCpu, Kernel, Precision};
 const N: usize = 40;
 const K: usize = 96;
 const ROWS: usize = 10;
+/// (n, k) of the matmul checks: the gate/up shape; a `k` of three panel chunks (2048 with 16
+/// outputs per block); fewer outputs than one block.
+const SHAPES: [(usize, usize); 3] = [(N, K), (29, 4160), (7, 64)];
+/// A prefill block long enough that its rows rounded to bf16 (`HEAP_ROWS x 4160 x 2` bytes)
+/// pass the stack's share and go to the heap: the same numbers.
+const HEAP_ROWS: usize = 520;
 
 fn matmul(max_rows: usize) -> Kernel {
+    matmul_nk(N, K, max_rows)
+}
+
+fn matmul_nk(n: usize, k: usize, max_rows: usize) -> Kernel {
     Kernel::MatMul {
-        n: N,
-        k: K,
+        n,
+        k,
         wdtype: DType::BF16,
         bias: None,
         accumulate: false,
@@ -48,39 +61,57 @@ fn bf16_pairs_match_the_rounded_reference_and_decode_equals_prefill() {
         return;
     }
     let options = bf16_options();
-    let (prefill, decode) = (matmul(ROWS), matmul(kiln_core::kernel::DECODE_ROWS));
-    let lib = TestLib::build(&[prefill.clone(), decode.clone()], &options, None);
-    let mut rng = Rng(0xbf16);
-    let mut x = rng.vec(ROWS * K);
-    let (mut wb, wv) = weights(&mut rng, N * K, DType::BF16);
-    let mut y_prefill = vec![0f32; ROWS * N];
-    lib.call(&prefill, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y_prefill)], ROWS, 2);
-    let xr = rounded(&x);
-    let want: Vec<f64> = (0..ROWS)
-        .flat_map(|r| {
-            let (xr, wv) = (&xr, &wv);
-            (0..N).map(move |j| (0..K).map(|i| xr[r * K + i] * wv[j * K + i] as f64).sum())
-        })
+    let decode_rows = kiln_core::kernel::DECODE_ROWS;
+    let kernels: Vec<Kernel> = SHAPES
+        .iter()
+        .flat_map(|&(n, k)| [matmul_nk(n, k, ROWS), matmul_nk(n, k, decode_rows)])
+        .chain([matmul_nk(SHAPES[1].0, SHAPES[1].1, HEAP_ROWS)])
         .collect();
-    assert_close(&y_prefill, &want, 1e-5, "bf16 pairs prefill");
-    // Exact f32 products would differ: the activations really are rounded.
-    let exact: f64 = (0..K).map(|i| x[i] as f64 * wv[i] as f64).sum();
-    assert!(
-        (exact - y_prefill[0] as f64).abs() > 1e-7,
-        "activations were not rounded"
-    );
-    // Decode, one row at a time and in batches, gives prefill's bits.
-    for rows in [1, 3, 8] {
-        for r0 in (0..ROWS - rows + 1).step_by(rows) {
-            let mut xs = x[r0 * K..(r0 + rows) * K].to_vec();
-            xs.resize(kiln_core::kernel::DECODE_ROWS * K, 0.0);
-            let mut y = vec![0f32; kiln_core::kernel::DECODE_ROWS * N];
-            lib.call(&decode, &[ptr(&mut xs), ptr(&mut wb), ptr(&mut y)], rows, 2);
-            assert_eq!(
-                &y[..rows * N],
-                &y_prefill[r0 * N..(r0 + rows) * N],
-                "decode of {rows} rows at {r0}"
-            );
+    let lib = TestLib::build(&kernels, &options, None);
+    let mut rng = Rng(0xbf16);
+    for (n, k) in SHAPES {
+        let (prefill, decode) = (matmul_nk(n, k, ROWS), matmul_nk(n, k, decode_rows));
+        let mut x = rng.vec(ROWS * k);
+        let (mut wb, wv) = weights(&mut rng, n * k, DType::BF16);
+        let mut y_prefill = vec![0f32; ROWS * n];
+        lib.call(&prefill, &[ptr(&mut x), ptr(&mut wb), ptr(&mut y_prefill)], ROWS, 2);
+        let xr = rounded(&x);
+        let want: Vec<f64> = (0..ROWS)
+            .flat_map(|r| {
+                let (xr, wv) = (&xr, &wv);
+                (0..n).map(move |j| (0..k).map(|i| xr[r * k + i] * wv[j * k + i] as f64).sum())
+            })
+            .collect();
+        // f32 sums of `k / 8` pairs per phase: rounding grows with `k`.
+        let tol = 1e-5 * (k as f64 / 96.0).sqrt();
+        assert_close(&y_prefill, &want, tol, &format!("bf16 pairs prefill, n {n} k {k}"));
+        // Exact f32 products would differ: the activations really are rounded.
+        let exact: f64 = (0..k).map(|i| x[i] as f64 * wv[i] as f64).sum();
+        assert!(
+            (exact - y_prefill[0] as f64).abs() > 1e-7,
+            "n {n} k {k}: activations were not rounded"
+        );
+        if (n, k) == SHAPES[1] {
+            let mut xs = x.clone();
+            xs.resize(HEAP_ROWS * k, 0.0);
+            let mut y = vec![0f32; HEAP_ROWS * n];
+            let long = matmul_nk(n, k, HEAP_ROWS);
+            lib.call(&long, &[ptr(&mut xs), ptr(&mut wb), ptr(&mut y)], ROWS, 2);
+            assert_eq!(&y[..ROWS * n], &y_prefill[..], "n {n} k {k}: rounded rows on the heap");
+        }
+        // Decode, one row at a time and in batches, gives prefill's bits.
+        for rows in [1, 3, 8] {
+            for r0 in (0..ROWS - rows + 1).step_by(rows) {
+                let mut xs = x[r0 * k..(r0 + rows) * k].to_vec();
+                xs.resize(decode_rows * k, 0.0);
+                let mut y = vec![0f32; decode_rows * n];
+                lib.call(&decode, &[ptr(&mut xs), ptr(&mut wb), ptr(&mut y)], rows, 2);
+                assert_eq!(
+                    &y[..rows * n],
+                    &y_prefill[r0 * n..(r0 + rows) * n],
+                    "n {n} k {k}: decode of {rows} rows at {r0}"
+                );
+            }
         }
     }
 }

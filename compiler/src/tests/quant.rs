@@ -412,7 +412,9 @@ fn model_kernels_accepts_quantised_matrices_only() {
 /// --ignored quant_speed --nocapture`). `KILN_QUANT_LANES=8` measures the AVX2 code (built
 /// for x86-64-v3 on an AVX-512 host);
 /// `KILN_QUANT_ASM=dir` also writes each kernel's MLIR and assembly; `KILN_QUANT_PRECISION=q8`
-/// measures `--precision q8`.
+/// measures `--precision q8` (or `bf16`); `KILN_QUANT_N`, `KILN_QUANT_K` and
+/// `KILN_QUANT_TYPES=bf16,q4_0` pick a model's shape and the formats; `KILN_QUANT_THREADS` the
+/// threads.
 #[test]
 #[ignore = "timing only: cargo test -p kiln-compiler -- --ignored quant_speed --nocapture"]
 fn quant_speed() {
@@ -422,9 +424,15 @@ fn quant_speed() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(host)
         .min(host);
-    let (n, k, rows) = (1024, 2048, 64);
+    let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (n, k, rows) = (var("KILN_QUANT_N", 1024), var("KILN_QUANT_K", 2048), 64);
+    let threads = var("KILN_QUANT_THREADS", 1);
     let mut types = vec![DType::BF16, DType::F32];
     types.extend(QUANTS);
+    if let Ok(list) = std::env::var("KILN_QUANT_TYPES") {
+        let wanted: Vec<String> = list.split(',').map(str::to_string).collect();
+        types.retain(|t| wanted.contains(&t.to_string()));
+    }
     let kernels: Vec<Kernel> = [1, rows]
         .into_iter()
         .flat_map(|max_rows| {
@@ -454,7 +462,7 @@ fn quant_speed() {
     let asm = std::env::var_os("KILN_QUANT_ASM").map(std::path::PathBuf::from);
     let lib = TestLib::build(&kernels, &options, asm.as_deref());
     let mut rng = Rng(3);
-    println!("{lanes} lanes, one thread, n {n}, k {k}: decode (1 row) | prefill ({rows} rows)");
+    println!("{lanes} lanes, {threads} thread(s), n {n}, k {k}: decode (1 row) | prefill ({rows} rows)");
     for dtype in types {
         let mut w: Vec<u8> = match dtype {
             DType::F32 => rng.vec(n * k).iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -485,7 +493,7 @@ fn quant_speed() {
             let s = (0..if max_rows == 1 { 500 } else { 20 })
                 .map(|_| {
                     let t = std::time::Instant::now();
-                    lib.call(&kernel, &ptrs, max_rows, 1);
+                    lib.call(&kernel, &ptrs, max_rows, threads);
                     t.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min);
@@ -509,7 +517,8 @@ fn quant_speed() {
 /// threads, next to the read probe on the same buffer, configurations interleaved round by
 /// round so that machine noise hits them alike:
 /// `KILN_SWEEP="ROWS:NEAR_BYTES[:FAR_BYTES[:dot|dlN]],..." KILN_SWEEP_DTYPE=bf16|q8_0|q4_0|q4_1|q4_k|q6_k
-/// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`.
+/// KILN_QUANT_K=896 cargo test -p kiln-compiler --release -- --ignored decode_sweep --nocapture`
+/// (`KILN_SWEEP_PRECISION=bf16|q8` measures that mode).
 #[test]
 #[ignore = "timing only: a parameter sweep driven by KILN_SWEEP (see above)"]
 fn decode_sweep() {
@@ -559,6 +568,12 @@ fn decode_sweep() {
         elems: n * dtype.bytes_for(k) / 4,
     };
     let probe_lib = build(std::slice::from_ref(&probe), lanes);
+    let options = CompileOptions {
+        precision: std::env::var("KILN_SWEEP_PRECISION")
+            .map(|p| kiln_core::Precision::parse(&p).expect("KILN_SWEEP_PRECISION"))
+            .unwrap_or_default(),
+        ..CompileOptions::new(ROWS, lanes)
+    };
     let libs: Vec<TestLib> = configs
         .iter()
         .map(|(r, p)| {
@@ -581,7 +596,7 @@ fn decode_sweep() {
                     _ => {}
                 }
             }
-            build(std::slice::from_ref(&kernel), lanes)
+            TestLib::build(std::slice::from_ref(&kernel), &options, None)
         })
         .collect();
     let mut rng = Rng(5);

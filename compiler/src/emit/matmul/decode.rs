@@ -430,9 +430,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let lanes = self.lanes;
         let (ncols, end) = (t.ncols, t.end);
         let (rows, cols, inits) = t.start(b, lanes);
-        if self.pairs(dtype) {
-            return self.pair_rows(b, w, dtype, t, &rows, &cols, inits);
-        }
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= lanes && self.k.is_multiple_of(per_line) {
             per_line / lanes
@@ -461,42 +458,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
             acc
         });
         self.finish_tile(b, &acc, &rows, &cols);
-    }
-
-    /// `float_rows` in bf16 pairs (`--precision bf16`): a cache line of weights (32 bf16) per
-    /// step, each row's activations rounded to bf16 once per step, one `vdpbf16ps` chain per
-    /// output in `k` order, as prefill's micro-kernel computes it.
-    #[allow(clippy::too_many_arguments)]
-    fn pair_rows<'b>(
-        &self,
-        b: Kb<'c, 'b>,
-        w: Value<'c, '_>,
-        dtype: DType,
-        t: Tile<'c, '_>,
-        rows: &[Value<'c, 'b>],
-        cols: &[Value<'c, 'b>],
-        inits: Vec<Value<'c, 'b>>,
-    ) {
-        let step = super::PAIR_STEP;
-        let prefetches = decode_prefetches();
-        let (zero, kc, stride) = (b.idx(0), b.idx(self.k), b.idx(step));
-        let acc = b.for_range(zero, kc, stride, &inits, |b, kk, acc| {
-            let mut acc = acc;
-            for &col in cols {
-                for p in prefetches.iter().filter(|p| p.bytes > 0) {
-                    prefetch_ahead(b, w, col, kk, *p, dtype.size(), self.k, t.end);
-                }
-            }
-            let xs: Vec<Value> = rows.iter().map(|&r| b.load_as_bf16(self.x, &[r, kk], step)).collect();
-            for (c, &col) in cols.iter().enumerate() {
-                let wv = b.load_bf16s(w, &[col, kk], step);
-                for (i, &xv) in xs.iter().enumerate() {
-                    acc[i * t.ncols + c] = b.dot_bf16_pairs(acc[i * t.ncols + c], xv, wv);
-                }
-            }
-            acc
-        });
-        self.finish_tile(b, &acc, rows, cols);
     }
 
     /// The epilogue of every output of a tile: `acc[i * cols.len() + c]` is row `rows[i]`,

@@ -23,9 +23,15 @@
 //!   shuffle level: decode uses 8 lanes, [`MatMul::quad_decode_lanes`]) and folds them into
 //!   the same chains.
 //!
+//! `--precision bf16` multiplies in the same order with pairs ([`Form::Pairs`]): a lane takes
+//! `vdpbf16ps`'s pair of bf16 products where the f32 form takes one product, so lane `4 o + p`
+//! sums the pairs `k = 8 m + 2 p, 8 m + 2 p + 1` and a 16-byte piece is 8 bf16 of a row,
+//! transposed as stored (no widening). The activation pieces come from the rows rounded to
+//! bf16 once per call ([`bf16_rows`]).
+//!
 //! With 4 lanes a vector is one output's 4 phases: that is the dot-product order already, so
-//! quad order applies from 8 lanes up; quantised and f32 weights and `--precision bf16` keep
-//! theirs ([`MatMul::quad`] says why for f32).
+//! quad order applies from 8 lanes up; quantised and f32 weights keep theirs ([`MatMul::quad`]
+//! says why for f32).
 
 use super::decode::{Tile, decode_prefetches, prefetch_ahead};
 use super::{MatMul, Part, exp_var, split_blocks};
@@ -36,6 +42,97 @@ use melior::ir::Value;
 
 /// `k` elements per phase group: each lane sums every fourth product.
 pub(super) const QUAD: usize = 4;
+
+/// What a lane multiplies per step of its phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Form {
+    /// Weights widened to f32 times the f32 activations: one FMA per element of `k`.
+    Fma,
+    /// bf16 weights as stored times the bf16-rounded activations: one `vdpbf16ps` pair per
+    /// two elements of `k` (`--precision bf16`).
+    Pairs,
+}
+
+impl Form {
+    /// Elements of `k` a lane takes per instruction.
+    fn per_lane(self) -> usize {
+        match self {
+            Form::Fma => 1,
+            Form::Pairs => 2,
+        }
+    }
+
+    /// Elements of `k` in one piece (a row's 16 bytes in the packed or transposed layout: the
+    /// `k` that all `4` phases of an output cover per instruction).
+    fn piece(self) -> usize {
+        QUAD * self.per_lane()
+    }
+
+    /// The element type the packed panel holds.
+    fn panel_elem(self) -> (&'static str, usize) {
+        match self {
+            Form::Fma => ("f32", 4),
+            Form::Pairs => ("bf16", 2),
+        }
+    }
+}
+
+/// Largest copy of the activation rows rounded to bf16 ([`bf16_rows`]) a kernel keeps on its
+/// stack (the calling thread's stack is the process's main one); larger ones (long prefill
+/// blocks over wide rows) go to the heap.
+const BF16_ROWS_STACK_BYTES: usize = 4 << 20;
+
+/// The activation rows of a call rounded to bf16 ([`bf16_rows`]).
+#[derive(Clone, Copy)]
+pub(in crate::emit) struct Bf16Rows<'c, 'a> {
+    /// `memref<max_rows x k x bf16>`.
+    pub(in crate::emit) buf: Value<'c, 'a>,
+    heap: bool,
+}
+
+impl Bf16Rows<'_, '_> {
+    /// Frees the buffer if it is on the heap: emitted after the kernel's last use of it.
+    pub(in crate::emit) fn release(&self, b: Kb<'_, '_>) {
+        if self.heap {
+            b.dealloc(self.buf);
+        }
+    }
+}
+
+/// `--precision bf16`: rows `0..d.rows` of `x` rounded to bf16 (to nearest even) into a
+/// buffer `memref<max_rows x k x bf16>`, once per call and thread, when the pairs apply to
+/// one of `dtypes` ([`MatMul::pairs`]'s conditions). Rounding as they load would cost a
+/// conversion and a shuffle per activation piece in every tile of every block; from the
+/// buffer each piece is one broadcast load.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::emit) fn bf16_rows<'c, 'a>(
+    b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
+    x: Value<'c, '_>,
+    dtypes: &[DType],
+    k: usize,
+    max_rows: usize,
+    lanes: usize,
+    opts: &kiln_core::CompileOptions,
+) -> Option<Bf16Rows<'c, 'a>> {
+    let applies = opts.precision == kiln_core::Precision::Bf16
+        && dtypes.contains(&DType::BF16)
+        && lanes == 16
+        && k.is_multiple_of(super::PAIR_STEP);
+    if !applies {
+        return None;
+    }
+    let ty = format!("memref<{max_rows}x{k}xbf16>");
+    let heap = max_rows * k * 2 > BF16_ROWS_STACK_BYTES;
+    let xr = if heap { b.alloc(&ty) } else { b.alloca(&ty) };
+    let step = super::PAIR_STEP;
+    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+        b.for_each(b.idx(0), b.idx(k), b.idx(step), |b, kk| {
+            b.store(b.load_as_bf16(x, &[r, kk], step), xr, &[r, kk])
+        });
+    });
+    Some(Bf16Rows { buf: xr, heap })
+}
 
 /// Outputs one vector of `lanes` holds in quad order.
 pub(super) fn outputs_per_vector(lanes: usize) -> usize {
@@ -124,12 +221,27 @@ fn transpose_blocks<'c, 'b>(b: Kb<'c, 'b>, rows: &[Value<'c, 'b>], block: usize)
 }
 
 /// Elements of each weight row one transposition covers: `2 lanes` for bf16 (a 128-bit block
-/// holds two quads, transposed before widening: half the shuffles), else `lanes`.
-fn row_span(dtype: DType, lanes: usize, k: usize) -> usize {
-    if dtype == DType::BF16 && k.is_multiple_of(2 * lanes) {
+/// holds two quads, transposed before widening: half the shuffles; in pairs, one piece),
+/// else `lanes`.
+fn row_span(dtype: DType, lanes: usize, k: usize, form: Form) -> usize {
+    if form == Form::Pairs || (dtype == DType::BF16 && k.is_multiple_of(2 * lanes)) {
         2 * lanes
     } else {
         lanes
+    }
+}
+
+/// `acc` plus the products of a weight operand and an activation operand in `form`.
+fn multiply<'c, 'b>(
+    b: Kb<'c, 'b>,
+    form: Form,
+    w: Value<'c, 'b>,
+    x: Value<'c, 'b>,
+    acc: Value<'c, 'b>,
+) -> Value<'c, 'b> {
+    match form {
+        Form::Fma => b.fma(w, x, acc),
+        Form::Pairs => b.dot_bf16_pairs(acc, x, w),
     }
 }
 
@@ -155,7 +267,8 @@ fn combine_quads<'c, 'b>(b: Kb<'c, 'b>, vs: &[Value<'c, 'b>], lanes: usize) -> V
 }
 
 /// `O` weight rows from `row0` (only the first `present` exist; the rest read as zeros) at
-/// `k..k + span` ([`row_span`]), in quad order: `span / 4` vectors, quad by quad in `k` order.
+/// `k..k + span` ([`row_span`]), in quad order: `span / form.piece()` vectors (f32, or bf16
+/// pieces side by side for [`Form::Pairs`]), piece by piece in `k` order.
 #[allow(clippy::too_many_arguments)]
 fn weight_quads<'c, 'b>(
     b: Kb<'c, 'b>,
@@ -166,10 +279,11 @@ fn weight_quads<'c, 'b>(
     k: Value<'c, '_>,
     lanes: usize,
     span: usize,
+    form: Form,
 ) -> Vec<Value<'c, 'b>> {
     let o_n = outputs_per_vector(lanes);
     let row = |o: usize| b.addi(row0, b.idx(o));
-    if span == lanes {
+    if span == lanes && form == Form::Fma {
         let rows: Vec<Value> = (0..o_n)
             .map(|o| {
                 if o < present {
@@ -200,10 +314,11 @@ fn weight_quads<'c, 'b>(
             .collect();
         b.vbitcast(b.shuffle_any(zero, t, &mask), &format!("vector<{lanes}xf32>"))
     };
-    transpose_blocks(b, &rows, 2 * QUAD)
-        .into_iter()
-        .flat_map(|t| [widen(t, 0), widen(t, 1)])
-        .collect()
+    let pieces = transpose_blocks(b, &rows, 2 * QUAD);
+    if form == Form::Pairs {
+        return pieces.into_iter().map(|t| b.bitcast(t, "bf16")).collect();
+    }
+    pieces.into_iter().flat_map(|t| [widen(t, 0), widen(t, 1)]).collect()
 }
 
 /// Loop iteration `i` (of `iters` per tile) of tile `nb.tile`, in the chunk `k0..k0 + len`:
@@ -236,16 +351,41 @@ fn prefetch_next<'c>(
 
 impl<'c, 'a> MatMul<'c, 'a> {
     /// Whether weights of `dtype` are multiplied in quad order: bf16 and f16 weights, at
-    /// least 8 lanes, and neither bf16 pairs nor q8 rows. f32 weights keep the dot-product
+    /// least 8 lanes, no q8 rows; bf16 pairs always are. f32 weights keep the dot-product
     /// order of the quantised kernels: `--dequantize f32` then computes bit for bit what the
     /// quantised kernels do (`tests/gguf.rs` holds them to that), an exact check of every
     /// format's dequantisation.
     pub(in crate::emit) fn quad(&self, dtype: DType) -> bool {
         matches!(dtype, DType::BF16 | DType::F16)
             && self.lanes >= 8
-            && !self.pairs(dtype)
             && self.q8.is_none()
-            && exp_var("KILN_EXP_NOQUAD").is_none()
+            && (self.pairs(dtype) || exp_var("KILN_EXP_NOQUAD").is_none())
+    }
+
+    /// The quad-order form for weights of `dtype` (where [`MatMul::quad`] holds).
+    fn form(&self, dtype: DType) -> Form {
+        if self.pairs(dtype) { Form::Pairs } else { Form::Fma }
+    }
+
+    /// The activation operand for the piece of `k` from `k` of row `r`, repeated across a
+    /// vector of `lanes` f32 lanes: the quad of f32 ([`x_quad`]), or 8 rounded bf16.
+    fn x_piece<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        form: Form,
+        r: Value<'c, '_>,
+        k: Value<'c, '_>,
+        lanes: usize,
+    ) -> Value<'c, 'b> {
+        match form {
+            Form::Fma => x_quad(b, self.x, r, k, lanes),
+            Form::Pairs => {
+                let xr = self.x_bf16.expect("pairs in quad order read the rounded rows");
+                let piece = b.load_bf16s(xr, &[r, k], form.piece());
+                let mask: Vec<usize> = (0..2 * lanes).map(|l| l % form.piece()).collect();
+                b.shuffle_any(piece, piece, &mask)
+            }
+        }
     }
 
     /// Vector width of decode in quad order (the order does not depend on it: see the module
@@ -270,14 +410,17 @@ impl<'c, 'a> MatMul<'c, 'a> {
         max_lanes: usize,
     ) {
         let lanes = self.lanes;
+        let form = self.form(dtype);
         let o_n = outputs_per_vector(lanes);
         let (mr, nv) = quad_tile(max_lanes);
         let nv = nv.min(n.div_ceil(o_n));
         let nb = nv * o_n;
         let panel_bytes = exp_var("KILN_EXP_QPANEL").unwrap_or(PANEL_BYTES);
-        let span = row_span(dtype, lanes, self.k);
-        let chunk = (panel_bytes / (nb * 4) / span * span).clamp(span, self.k);
-        let panel = b.alloca(&format!("memref<{}x{}xf32>", chunk / QUAD, nv * lanes));
+        let span = row_span(dtype, lanes, self.k, form);
+        let (elem, elem_bytes) = form.panel_elem();
+        let chunk = (panel_bytes / (nb * elem_bytes) / span * span).clamp(span, self.k);
+        let width = nv * lanes * form.per_lane();
+        let panel = b.alloca(&format!("memref<{}x{width}x{elem}>", chunk / form.piece()));
         let acc = (chunk < self.k).then(|| b.alloca(&format!("memref<{max_rows}x{}xf32>", nv * lanes)));
         let parts = Part::split(self.k, chunk);
         let block = |b: Kb<'c, '_>, n0: Value<'c, '_>, cols: usize| {
@@ -301,14 +444,14 @@ impl<'c, 'a> MatMul<'c, 'a> {
                             tiles,
                         };
                         let next = exp_var("KILN_EXP_QNOPF").is_none().then_some(next);
-                        self.quad_micro(b, panel, r0, n0, mr, cols, vecs, *part, k0, acc, next)
+                        self.quad_micro(b, form, panel, r0, n0, mr, cols, vecs, *part, k0, acc, next)
                     });
                     let mut m = (mr - 1).checked_ilog2().map_or(0, |l| 1usize << l);
                     while m >= 1 {
                         let fits = b.cmpi(crate::ir::Cmp::Uge, b.subi(d.rows, done), b.idx(m));
                         let r0 = done;
                         b.if_then(fits, |b| {
-                            self.quad_micro(b, panel, r0, n0, m, cols, vecs, *part, k0, acc, None)
+                            self.quad_micro(b, form, panel, r0, n0, m, cols, vecs, *part, k0, acc, None)
                         });
                         done = b.select(fits, b.addi(done, b.idx(m)), done);
                         m /= 2;
@@ -321,7 +464,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
     }
 
     /// Packs rows `n0..n0 + cols` at `k0..k0 + len` into `panel[k / 4][j * lanes + 4 o + p]`
-    /// (row `n0 + j O + o`, element `k0 + k + p`), rows past `cols` as zeros.
+    /// (row `n0 + j O + o`, element `k0 + k + p`), rows past `cols` as zeros; in pairs,
+    /// `panel[k / 8][2 (j * lanes + 4 o + p) + e]` holds element `k0 + k + 2 p + e`.
     #[allow(clippy::too_many_arguments)]
     fn pack_panel(
         &self,
@@ -335,19 +479,20 @@ impl<'c, 'a> MatMul<'c, 'a> {
         k0: Value<'c, '_>,
     ) {
         let lanes = self.lanes;
+        let form = self.form(dtype);
         let o_n = outputs_per_vector(lanes);
-        let span = row_span(dtype, lanes, self.k);
+        let span = row_span(dtype, lanes, self.k, form);
         b.for_each(b.idx(0), b.idx(len), b.idx(span), |b, kk| {
             let k = b.addi(k0, kk);
-            let s0 = b.divui(kk, b.idx(QUAD));
+            let s0 = b.divui(kk, b.idx(form.piece()));
             for j in 0..cols.div_ceil(o_n) {
                 let present = (cols - j * o_n).min(o_n);
                 let row0 = b.addi(n0, b.idx(j * o_n));
-                for (c, t) in weight_quads(b, w, dtype, row0, present, k, lanes, span)
+                for (c, t) in weight_quads(b, w, dtype, row0, present, k, lanes, span, form)
                     .into_iter()
                     .enumerate()
                 {
-                    b.store(t, panel, &[b.addi(s0, b.idx(c)), b.idx(j * lanes)]);
+                    b.store(t, panel, &[b.addi(s0, b.idx(c)), b.idx(j * lanes * form.per_lane())]);
                 }
             }
         });
@@ -360,6 +505,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     fn quad_micro(
         &self,
         b: Kb<'c, '_>,
+        form: Form,
         panel: Value<'c, '_>,
         r0: Value<'c, '_>,
         n0: Value<'c, '_>,
@@ -380,22 +526,28 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 _ => b.zero_like(lanes),
             })
             .collect();
-        let out = b.for_range(b.idx(0), b.idx(part.len), b.idx(lanes), &inits, |b, kk, acc| {
+        // One step: every lane's instruction once per phase, `lanes / 4` pieces of `k`.
+        let (per, piece) = (form.per_lane(), form.piece());
+        let step = lanes * per;
+        let out = b.for_range(b.idx(0), b.idx(part.len), b.idx(step), &inits, |b, kk, acc| {
             if let Some(nb) = next {
-                prefetch_next(b, nb, b.divui(kk, b.idx(lanes)), part.len / lanes, part.len, k0);
+                prefetch_next(b, nb, b.divui(kk, b.idx(step)), part.len / step, part.len, k0);
             }
             let mut next = acc.clone();
-            let s0 = b.divui(kk, b.idx(QUAD));
+            let s0 = b.divui(kk, b.idx(piece));
             for c in 0..lanes / QUAD {
                 let s = b.addi(s0, b.idx(c));
                 let ws: Vec<Value> = (0..vecs)
-                    .map(|j| b.load_f32(panel, &[s, b.idx(j * lanes)], lanes))
+                    .map(|j| match form {
+                        Form::Fma => b.load_f32(panel, &[s, b.idx(j * lanes)], lanes),
+                        Form::Pairs => b.load_bf16s(panel, &[s, b.idx(j * step)], step),
+                    })
                     .collect();
-                let k = b.addi(b.addi(k0, kk), b.idx(c * QUAD));
+                let k = b.addi(b.addi(k0, kk), b.idx(c * piece));
                 for (i, &r) in rows.iter().enumerate() {
-                    let xq = x_quad(b, self.x, r, k, lanes);
+                    let xq = self.x_piece(b, form, r, k, lanes);
                     for (j, &wv) in ws.iter().enumerate() {
-                        next[i * vecs + j] = b.fma(wv, xq, next[i * vecs + j]);
+                        next[i * vecs + j] = multiply(b, form, wv, xq, next[i * vecs + j]);
                     }
                 }
             }
@@ -447,12 +599,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// into one accumulator per `O` rows and activation row.
     pub(super) fn decode_quads(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>) {
         let lanes = self.quad_decode_lanes();
+        let form = self.form(dtype);
         let o_n = outputs_per_vector(lanes);
         let vecs = t.ncols.div_ceil(o_n);
         let rows: Vec<Value> = (0..t.m).map(|i| b.addi(t.r0, b.idx(i))).collect();
         let cols: Vec<Value> = (0..t.ncols).map(|c| b.addi(t.col0, b.idx(c))).collect();
         let inits: Vec<Value> = (0..t.m * vecs).map(|_| b.zero_like(lanes)).collect();
-        let span = row_span(dtype, lanes, self.k);
+        let span = row_span(dtype, lanes, self.k, form);
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= span && self.k.is_multiple_of(per_line) {
             per_line / span
@@ -476,15 +629,15 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 let quads: Vec<Vec<Value>> = (0..vecs)
                     .map(|j| {
                         let present = (t.ncols - j * o_n).min(o_n);
-                        weight_quads(b, w, dtype, cols[j * o_n], present, kk, lanes, span)
+                        weight_quads(b, w, dtype, cols[j * o_n], present, kk, lanes, span, form)
                     })
                     .collect();
-                for c in 0..span / QUAD {
-                    let k = b.addi(kk, b.idx(c * QUAD));
+                for c in 0..span / form.piece() {
+                    let k = b.addi(kk, b.idx(c * form.piece()));
                     for (i, &r) in rows.iter().enumerate() {
-                        let xq = x_quad(b, self.x, r, k, lanes);
+                        let xq = self.x_piece(b, form, r, k, lanes);
                         for (j, q) in quads.iter().enumerate() {
-                            acc[i * vecs + j] = b.fma(q[c], xq, acc[i * vecs + j]);
+                            acc[i * vecs + j] = multiply(b, form, q[c], xq, acc[i * vecs + j]);
                         }
                     }
                 }
