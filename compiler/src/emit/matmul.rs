@@ -20,12 +20,13 @@
 //!   scratch (in chunks of `k` with the accumulators parked in a stack buffer when a row is too
 //!   long), so decode and prefill still perform the same FMAs in the same order.
 
+mod bf16_rows;
 mod decode;
 mod q8;
 mod quad;
 
+pub(super) use bf16_rows::bf16_rows;
 pub(super) use decode::{decode_float_rows, decode_split, normalised_rows, with_decode_cols};
-pub(super) use quad::bf16_rows;
 
 use super::{Dyn, elementwise, quant, quant8, split_work};
 use crate::ir::{Kb, lanes_for};
@@ -313,6 +314,45 @@ impl Part {
     }
 }
 
+/// A micro-kernel's `rows x slots` accumulators for a chunk of `k`: zeros in the first chunk,
+/// else those the previous chunk parked in `acc[row][slot * lanes..]` ([`park_accs`]).
+fn resume_accs<'c, 'b>(
+    b: Kb<'c, 'b>,
+    acc: Option<Value<'c, '_>>,
+    part: Part,
+    rows: &[Value<'c, 'b>],
+    slots: usize,
+    lanes: usize,
+) -> Vec<Value<'c, 'b>> {
+    (0..rows.len() * slots)
+        .map(|ij| match acc {
+            Some(a) if !part.first => b.load_f32(a, &[rows[ij / slots], b.idx(ij % slots * lanes)], lanes),
+            _ => b.zero_like(lanes),
+        })
+        .collect()
+}
+
+/// Parks the accumulators `out` (`rows x slots`, row-major) in `acc` for the next chunk of
+/// `k` unless `part` is the last; returns whether it did (then there is nothing to finish).
+fn park_accs<'c>(
+    b: Kb<'c, '_>,
+    acc: Option<Value<'c, '_>>,
+    part: Part,
+    out: &[Value<'c, '_>],
+    rows: &[Value<'c, '_>],
+    lanes: usize,
+) -> bool {
+    if part.last {
+        return false;
+    }
+    let a = acc.expect("an accumulator buffer when k is split");
+    let slots = out.len() / rows.len();
+    for (ij, &v) in out.iter().enumerate() {
+        b.store(v, a, &[rows[ij / slots], b.idx(ij % slots * lanes)]);
+    }
+    true
+}
+
 /// Widens (or dequantises) columns `k0..k0 + part.len` of rows `n0..n0+cols` of `w` into the
 /// f32 scratch (row `j` of the block → scratch row `j`, column `kk - k0`).
 #[allow(clippy::too_many_arguments)]
@@ -394,13 +434,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let rows: Vec<Value> = (0..mr).map(|i| b.addi(r0, b.idx(i))).collect();
         let cols: Vec<Value> = (0..nb).map(|j| b.addi(n0, b.idx(j))).collect();
         let slots: Vec<Value> = (0..nb).map(|j| b.idx(j)).collect();
-        let parked = |i: usize, j: usize| [rows[i], b.idx(j * lanes)];
-        let inits: Vec<Value> = (0..mr * nb)
-            .map(|ij| match acc {
-                Some(a) if !part.first => b.load_f32(a, &parked(ij / nb, ij % nb), lanes),
-                _ => b.zero_like(lanes),
-            })
-            .collect();
+        let inits = resume_accs(b, acc, part, &rows, nb, lanes);
         let (zero, kc, step) = (b.idx(0), b.idx(part.len), b.idx(lanes));
         let acc_out = b.for_range(zero, kc, step, &inits, |b, kk, acc| {
             let kx = b.addi(k0, kk);
@@ -417,30 +451,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
             }
             next
         });
-        self.finish_micro(b, &acc_out, &rows, &cols, part, acc, &parked);
-    }
-
-    /// Parks the micro-kernel's accumulators between chunks of `k`, or after the last chunk
-    /// sums each output's lanes (the tree decode uses too) and finishes it.
-    #[allow(clippy::too_many_arguments)]
-    fn finish_micro<'b>(
-        &self,
-        b: Kb<'c, 'b>,
-        acc_out: &[Value<'c, 'b>],
-        rows: &[Value<'c, 'b>],
-        cols: &[Value<'c, 'b>],
-        part: Part,
-        acc: Option<Value<'c, '_>>,
-        parked: &dyn Fn(usize, usize) -> [Value<'c, 'b>; 2],
-    ) {
-        let nb = cols.len();
-        if !part.last {
-            let a = acc.expect("an accumulator buffer when k is split");
-            for (ij, &v) in acc_out.iter().enumerate() {
-                b.store(v, a, &parked(ij / nb, ij % nb));
-            }
+        if park_accs(b, acc, part, &acc_out, &rows, lanes) {
             return;
         }
+        // After the last chunk: each output's lanes summed by the tree decode uses too.
         for (i, &row) in rows.iter().enumerate() {
             let sums = b.reduce_many(&acc_out[i * nb..(i + 1) * nb]);
             for (j, &col) in cols.iter().enumerate() {

@@ -314,17 +314,18 @@ pub(super) struct Tile<'c, 'a> {
 }
 
 impl<'c, 'a> Tile<'c, 'a> {
-    /// The tile's activation rows, weight rows, and zero accumulators (`rows * cols` of them,
-    /// row-major).
+    /// The tile's activation rows, weight rows, and zero accumulators, `accs` per activation
+    /// row (one per weight row, or in quad order one per `lanes / 4` of them), row-major.
     #[allow(clippy::type_complexity)]
     pub(super) fn start<'x>(
         &self,
         b: Kb<'c, 'x>,
         lanes: usize,
+        accs: usize,
     ) -> (Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>, Vec<Value<'c, 'x>>) {
         let rows = (0..self.m).map(|i| b.addi(self.r0, b.idx(i))).collect();
         let cols = (0..self.ncols).map(|c| b.addi(self.col0, b.idx(c))).collect();
-        let inits = (0..self.m * self.ncols).map(|_| b.zero_like(lanes)).collect();
+        let inits = (0..self.m * accs).map(|_| b.zero_like(lanes)).collect();
         (rows, cols, inits)
     }
 }
@@ -429,7 +430,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         }
         let lanes = self.lanes;
         let (ncols, end) = (t.ncols, t.end);
-        let (rows, cols, inits) = t.start(b, lanes);
+        let (rows, cols, inits) = t.start(b, lanes, t.ncols);
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= lanes && self.k.is_multiple_of(per_line) {
             per_line / lanes
@@ -488,7 +489,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             blocks: unroll,
             row_major,
         } = decode_quant_step(dtype, lanes, blocks);
-        let (rows, cols, inits) = t.start(b, lanes);
+        let (rows, cols, inits) = t.start(b, lanes, t.ncols);
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));

@@ -38,7 +38,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     pub(super) fn q8_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
         let blocks = self.k / dtype.block_elems();
         let unroll = blocks_per_step(dtype, blocks);
-        let (rows, cols, inits) = t.start(b, LANES);
+        let (rows, cols, inits) = t.start(b, LANES, t.ncols);
         let ncols = t.ncols;
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();

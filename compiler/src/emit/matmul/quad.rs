@@ -27,14 +27,14 @@
 //! `vdpbf16ps`'s pair of bf16 products where the f32 form takes one product, so lane `4 o + p`
 //! sums the pairs `k = 8 m + 2 p, 8 m + 2 p + 1` and a 16-byte piece is 8 bf16 of a row,
 //! transposed as stored (no widening). The activation pieces come from the rows rounded to
-//! bf16 once per call ([`bf16_rows`]).
+//! bf16 once per call ([`super::bf16_rows`]).
 //!
 //! With 4 lanes a vector is one output's 4 phases: that is the dot-product order already, so
 //! quad order applies from 8 lanes up; quantised and f32 weights keep theirs ([`MatMul::quad`]
 //! says why for f32).
 
 use super::decode::{Tile, decode_prefetches, prefetch_ahead};
-use super::{MatMul, Part, exp_var, split_blocks};
+use super::{MatMul, Part, exp_var, park_accs, resume_accs, split_blocks};
 use crate::emit::Dyn;
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -75,63 +75,6 @@ impl Form {
             Form::Pairs => ("bf16", 2),
         }
     }
-}
-
-/// Largest copy of the activation rows rounded to bf16 ([`bf16_rows`]) a kernel keeps on its
-/// stack (the calling thread's stack is the process's main one); larger ones (long prefill
-/// blocks over wide rows) go to the heap.
-const BF16_ROWS_STACK_BYTES: usize = 4 << 20;
-
-/// The activation rows of a call rounded to bf16 ([`bf16_rows`]).
-#[derive(Clone, Copy)]
-pub(in crate::emit) struct Bf16Rows<'c, 'a> {
-    /// `memref<max_rows x k x bf16>`.
-    pub(in crate::emit) buf: Value<'c, 'a>,
-    heap: bool,
-}
-
-impl Bf16Rows<'_, '_> {
-    /// Frees the buffer if it is on the heap: emitted after the kernel's last use of it.
-    pub(in crate::emit) fn release(&self, b: Kb<'_, '_>) {
-        if self.heap {
-            b.dealloc(self.buf);
-        }
-    }
-}
-
-/// `--precision bf16`: rows `0..d.rows` of `x` rounded to bf16 (to nearest even) into a
-/// buffer `memref<max_rows x k x bf16>`, once per call and thread, when the pairs apply to
-/// one of `dtypes` ([`MatMul::pairs`]'s conditions). Rounding as they load would cost a
-/// conversion and a shuffle per activation piece in every tile of every block; from the
-/// buffer each piece is one broadcast load.
-#[allow(clippy::too_many_arguments)]
-pub(in crate::emit) fn bf16_rows<'c, 'a>(
-    b: Kb<'c, 'a>,
-    d: Dyn<'c, '_>,
-    x: Value<'c, '_>,
-    dtypes: &[DType],
-    k: usize,
-    max_rows: usize,
-    lanes: usize,
-    opts: &kiln_core::CompileOptions,
-) -> Option<Bf16Rows<'c, 'a>> {
-    let applies = opts.precision == kiln_core::Precision::Bf16
-        && dtypes.contains(&DType::BF16)
-        && lanes == 16
-        && k.is_multiple_of(super::PAIR_STEP);
-    if !applies {
-        return None;
-    }
-    let ty = format!("memref<{max_rows}x{k}xbf16>");
-    let heap = max_rows * k * 2 > BF16_ROWS_STACK_BYTES;
-    let xr = if heap { b.alloc(&ty) } else { b.alloca(&ty) };
-    let step = super::PAIR_STEP;
-    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
-        b.for_each(b.idx(0), b.idx(k), b.idx(step), |b, kk| {
-            b.store(b.load_as_bf16(x, &[r, kk], step), xr, &[r, kk])
-        });
-    });
-    Some(Bf16Rows { buf: xr, heap })
 }
 
 /// Outputs one vector of `lanes` holds in quad order.
@@ -519,13 +462,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     ) {
         let lanes = self.lanes;
         let rows: Vec<Value> = (0..mr).map(|i| b.addi(r0, b.idx(i))).collect();
-        let parked = |i: usize, j: usize| [rows[i], b.idx(j * lanes)];
-        let inits: Vec<Value> = (0..mr * vecs)
-            .map(|ij| match acc {
-                Some(a) if !part.first => b.load_f32(a, &parked(ij / vecs, ij % vecs), lanes),
-                _ => b.zero_like(lanes),
-            })
-            .collect();
+        let inits = resume_accs(b, acc, part, &rows, vecs, lanes);
         // One step: every lane's instruction once per phase, `lanes / 4` pieces of `k`.
         let (per, piece) = (form.per_lane(), form.piece());
         let step = lanes * per;
@@ -553,11 +490,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             }
             next
         });
-        if !part.last {
-            let a = acc.expect("an accumulator buffer when k is split");
-            for (ij, &v) in out.iter().enumerate() {
-                b.store(v, a, &parked(ij / vecs, ij % vecs));
-            }
+        if park_accs(b, acc, part, &out, &rows, lanes) {
             return;
         }
         let cols: Vec<Value> = (0..cols).map(|c| b.addi(n0, b.idx(c))).collect();
@@ -602,9 +535,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let form = self.form(dtype);
         let o_n = outputs_per_vector(lanes);
         let vecs = t.ncols.div_ceil(o_n);
-        let rows: Vec<Value> = (0..t.m).map(|i| b.addi(t.r0, b.idx(i))).collect();
-        let cols: Vec<Value> = (0..t.ncols).map(|c| b.addi(t.col0, b.idx(c))).collect();
-        let inits: Vec<Value> = (0..t.m * vecs).map(|_| b.zero_like(lanes)).collect();
+        let (rows, cols, inits) = t.start(b, lanes, vecs);
         let span = row_span(dtype, lanes, self.k, form);
         let per_line = 64 / dtype.size();
         let unroll = if per_line >= span && self.k.is_multiple_of(per_line) {
