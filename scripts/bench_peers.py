@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""Kiln against llama.cpp on the same model, same prompt tokens, same thread count.
+"""Kiln against llama.cpp and OpenVINO GenAI on the same model, same prompt tokens, same thread count.
 
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
                                    [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
-                                   [--precision exact|bf16|q8]
+                                   [--precision exact|bf16|q8] [--no-openvino]
 
 Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their native build, `gguf`,
 and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
 distribution; llama.cpp itself is built here with cmake, `GGML_NATIVE` for this CPU or AVX2 only
 with `--avx2`, once, cached under $KILN_SCRIPTS_CACHE), converts the
 Hugging Face folder to GGUF at the same storage type (bf16 for bf16 weights; Qwen3.5 and
-Qwen3-Next without their multi-token-prediction layers, `--no-mtp`), then measures both
+Qwen3-Next without their multi-token-prediction layers, `--no-mtp`), then measures the
 engines interleaved: each repetition runs one fresh process per engine, the order rotated every
-repetition, with a short rest between runs. Both engines get the same synthetic prompt token ids
-(the ones `kiln bench` uses) and decode greedily for the same number of tokens.
+repetition, with a short rest between runs. Every engine gets the same synthetic prompt token ids
+(the ones `kiln bench` uses) and decodes greedily for the same number of tokens.
 
-Writes a Markdown table (date, CPU, threads, load average, medians, Kiln/llama.cpp ratios) to
-bench/results/ and prints it. A GGUF file can be given instead of a folder (then Kiln runs that
+OpenVINO GenAI (scripts/openvino_peer.py) runs from a venv of its own, made on first use under
+$KILN_SCRIPTS_CACHE, on an fp16 export of the folder, with the SDPA attention backend and Kiln's
+precision (f32 for exact, bf16 for bf16) and KV cache type. Where it cannot run (a GGUF input,
+`--quant`, `--precision q8`, `--avx2`, a failed export or pipeline, `--no-openvino`) the table
+says "OpenVINO: not run — <reason>" and the other two are measured all the same.
+
+Writes a Markdown table (date, CPU, threads, load average, medians, Kiln's ratios to each peer)
+to bench/results/ and prints it. A GGUF file can be given instead of a folder (then Kiln runs that
 same file too). `--quant FTYPE` quantises that GGUF with llama.cpp's own quantiser first
 (`llama_model_quantize`, as `llama-quantize` does) and both engines read the quantised file.
 
@@ -55,6 +61,9 @@ _machine_spec = importlib.util.spec_from_file_location("bench_machine", pathlib.
 _machine = importlib.util.module_from_spec(_machine_spec)
 _machine_spec.loader.exec_module(_machine)
 cpu_name = _machine.cpu_name
+_openvino_spec = importlib.util.spec_from_file_location("openvino_peer", pathlib.Path(_here) / "openvino_peer.py")
+openvino_peer = importlib.util.module_from_spec(_openvino_spec)
+_openvino_spec.loader.exec_module(openvino_peer)
 
 
 def loadavg():
@@ -220,14 +229,20 @@ def converter_options(model_dir):
     return ["--no-mtp"] if arch in NO_MTP_ARCHITECTURES else []
 
 
-def to_gguf(model_dir, version):
-    outtype = model_dtype(model_dir)
+def folder_digest(model_dir):
+    """A short hash of the folder's files (names, sizes, modification times): the key of the
+    conversions cached from it, so that a remade model is converted again."""
     digest = hashlib.sha256()
     for f in sorted(model_dir.glob("*")):
         if f.is_file():
             st = f.stat()
             digest.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
-    out = WORK / "gguf" / f"{model_dir.name}-{digest.hexdigest()[:12]}-{outtype}.gguf"
+    return digest.hexdigest()[:12]
+
+
+def to_gguf(model_dir, version):
+    outtype = model_dtype(model_dir)
+    out = WORK / "gguf" / f"{model_dir.name}-{folder_digest(model_dir)}-{outtype}.gguf"
     if out.exists():
         return out, outtype
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -300,7 +315,7 @@ def kiln_prompt_ids(kiln, model, n):
     return json.loads(r.stdout)
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="Hugging Face model folder (or a .gguf file)")
     ap.add_argument("--threads", type=int, default=2)
@@ -312,16 +327,144 @@ def main():
     ap.add_argument("--label", default=None, help="name used in the results file")
     ap.add_argument("--quant", default=None, metavar="FTYPE",
                     help="quantise the GGUF with llama.cpp's quantiser first (Q4_K_M, Q4_0, Q5_K_M, Q6_K, Q8_0, ...); "
-                         "both engines then read that file")
+                         "Kiln and llama.cpp then read that file (OpenVINO is not run)")
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "bf16"],
-                    help="KV cache type of both engines (default f32, Kiln's default; llama.cpp's own is f16)")
+                    help="KV cache type of every engine (default f32, Kiln's default; llama.cpp's own is f16)")
     ap.add_argument("--precision", default="exact", choices=["exact", "bf16", "q8"],
-                    help="Kiln's matmul arithmetic (kiln --precision: exact, bf16 over bf16 weights, q8 over GGUF block weights; default exact)")
+                    help="Kiln's matmul arithmetic (kiln --precision: exact, bf16 over bf16 weights, q8 over GGUF block "
+                         "weights; default exact); OpenVINO's INFERENCE_PRECISION_HINT is f32 for exact, bf16 for bf16")
     ap.add_argument("--avx2", action="store_true",
-                    help="compare the AVX2 code of both: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2")
-    args = ap.parse_args()
+                    help="compare the AVX2 code: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2 "
+                         "(OpenVINO is not run)")
+    ap.add_argument("--no-openvino", action="store_true", help="leave OpenVINO GenAI out")
+    return ap.parse_args()
 
+
+def openvino_engine(args, model_dir):
+    """OpenVINO set up for this comparison (its venv made, the model exported), and None; or None
+    and the one-line reason why it is not in this comparison."""
+    reason = "--no-openvino" if args.no_openvino else openvino_peer.skip_reason(
+        model_dir, args.precision, args.quant, args.avx2)
+    if not reason:
+        try:
+            return openvino_peer.OpenVINO(WORK, model_dir, folder_digest(model_dir), model_dtype(model_dir), log), None
+        except openvino_peer.NotRun as e:
+            reason = str(e)
+    log(f"OpenVINO: not run — {reason}")
+    return None, reason
+
+
+def measure(engines, reps, rest):
+    """Each repetition runs every engine once, one fresh process per run, the order rotated every
+    repetition. An engine that raises NotRun (only OpenVINO does; the others exit) leaves the
+    comparison with its reason and without its earlier runs, and the others go on."""
+    results = {name: [] for name in engines}
+    dropped = {}
+    order = list(engines)
+    for rep in range(reps):
+        for name in list(order):
+            time.sleep(rest)
+            try:
+                r = engines[name]()
+            except openvino_peer.NotRun as e:
+                log(f"{name}: not run — {e}")
+                dropped[name] = str(e)
+                order.remove(name)
+                del results[name]
+                continue
+            results[name].append(r)
+            log(f"rep {rep + 1}/{reps} {name:9}: prefill {r['prefill_tok_s']:7.1f} tok/s, decode {r['decode_tok_s']:6.2f} tok/s")
+        order = order[1:] + order[:1]
+    return results, dropped
+
+
+def result_label(args):
+    given = pathlib.Path(args.model)
+    label = args.label or ((given.stem if given.suffix == ".gguf" else given.name) + (f"-{args.quant}" if args.quant else ""))
+    if args.avx2:
+        label += "-avx2"
+    if args.kv_dtype != "f32":
+        label += f"-kv{args.kv_dtype}"
+    if args.precision != "exact":
+        label += f"-{args.precision}"
+    return label
+
+
+def header_lines(args, label, now, model, llama, loads, openvino_line):
+    """The title and what the table was measured on: machine, engines, their settings."""
+    target_cpu = "x86-64-v3" if args.avx2 else None
+    isa = llama["isa"]
+    return [
+        f"# Kiln vs llama.cpp and OpenVINO — {label}",
+        "",
+        f"- date: {now.strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- CPU: {cpu_name()} ({os.cpu_count()} logical CPUs)",
+        f"- threads: {args.threads} (every engine)",
+        f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}",
+        f"- model: `{model}`; llama.cpp reads `{llama['gguf'].name}` ({llama['outtype']}); llama-cpp-python {llama['version']}",
+        f"- code: Kiln {'--target-cpu ' + target_cpu if target_cpu else 'for this CPU'}; llama.cpp "
+        f"built here ({isa}: {' '.join(LLAMA_FLAGS[isa])}; {llama['lib_dir']}), reporting {llama['reports']}",
+        f"- OpenVINO: {openvino_line}",
+        f"- prompt: {args.prompt_tokens} tokens (same ids for every engine), {args.gen_tokens} generated greedily; "
+        f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
+        f"- KV cache: {args.kv_dtype} in every engine; Kiln --precision {args.precision}",
+        "",
+    ]
+
+
+def table_lines(results, med, openvino_reason):
+    """One row per engine (OpenVINO's saying why it did not run, where it did not), then Kiln's
+    ratio to each peer that ran."""
+    lines = [
+        "| engine | prefill tok/s (median) | decode tok/s (median) | runs (prefill / decode) |",
+        "|---|---:|---:|---|",
+    ]
+    for name, runs in results.items():
+        runs_p = ", ".join(f"{r['prefill_tok_s']:.1f}" for r in runs)
+        runs_d = ", ".join(f"{r['decode_tok_s']:.2f}" for r in runs)
+        lines.append(f"| {name} | {med[name]['prefill_tok_s']:.1f} | {med[name]['decode_tok_s']:.2f} | {runs_p} / {runs_d} |")
+    if openvino_reason:
+        lines.append(f"| OpenVINO | — | — | not run — {openvino_reason.replace('|', '/')} |")
+    k = med["kiln"]
+    for peer in ("llama.cpp", "OpenVINO"):
+        if peer in med:
+            p = med[peer]
+            lines.append(f"| **Kiln / {peer}** | **{k['prefill_tok_s'] / p['prefill_tok_s']:.2f}×** | "
+                         f"**{k['decode_tok_s'] / p['decode_tok_s']:.2f}×** | |")
+    return lines + [""]
+
+
+def ceiling_lines(args, results, med):
+    """Kiln's read-bandwidth probe, and each engine's decode as a share of it."""
+    reads = [r["probe_read_gb_s"] for r in results["kiln"] if r.get("probe_read_gb_s")]
+    if not reads:
+        return []
+    last_kiln = results["kiln"][-1]
+    bpt = last_kiln["weight_bytes_per_token"]
+    read = statistics.median(reads)
+    fma = last_kiln.get("probe_fma_gflop_s")
+    shares = ", ".join(f"{'Kiln' if name == 'kiln' else name} {100 * m['decode_tok_s'] * bpt / 1e9 / read:.0f} %"
+                       for name, m in med.items())
+    return [
+        f"Weights read per token: {bpt / 1e6:.1f} MB. Read ceiling: {read:.1f} GB/s at {args.threads} threads "
+        f"(median over the Kiln runs of the read probe `kiln bench` runs right after each measurement: "
+        f"{', '.join(f'{x:.1f}' for x in reads)})" + (f"; FMA peak (`kiln probe`): {fma:.0f} GFLOP/s." if fma else "."),
+        f"Decode as a share of the read ceiling: {shares}.",
+        "",
+    ]
+
+
+def llama_reports(results):
+    """The instruction sets llama.cpp reports using (`llama_print_system_info`)."""
+    info = results["llama.cpp"][-1].get("system_info", "")
+    used = [f for f in info.split(" | ") if f.startswith(("AVX", "FMA", "F16C", "AMX")) and f.endswith("= 1")]
+    return " | ".join(used) or "n/a"
+
+
+def main():
+    args = parse_args()
     model = pathlib.Path(args.model).resolve()
+    source = model
     version = ensure_llama_cpp()
     isa = "avx2" if args.avx2 else "native"
     lib_dir = llama_libs(version, isa)
@@ -334,6 +477,7 @@ def main():
         model = gguf_path
     prompt = kiln_prompt_ids(args.kiln, model, args.prompt_tokens)
     assert len(prompt) == args.prompt_tokens
+    openvino, openvino_reason = openvino_engine(args, source)
 
     target_cpu = "x86-64-v3" if args.avx2 else None
     engines = {
@@ -341,69 +485,23 @@ def main():
                                  args.precision, target_cpu),
         "llama.cpp": lambda: run_llama(gguf_path, args.threads, prompt, args.gen_tokens, args.kv_dtype, lib_dir),
     }
-    results = {name: [] for name in engines}
+    if openvino:
+        engines["OpenVINO"] = lambda: openvino.run(args.threads, prompt, args.gen_tokens, args.precision, args.kv_dtype)
     loads = [loadavg()]
-    order = list(engines)
-    for rep in range(args.reps):
-        for name in order:
-            time.sleep(args.rest)
-            r = engines[name]()
-            results[name].append(r)
-            log(f"rep {rep + 1}/{args.reps} {name:9}: prefill {r['prefill_tok_s']:7.1f} tok/s, decode {r['decode_tok_s']:6.2f} tok/s")
-        order = order[1:] + order[:1]
+    results, dropped = measure(engines, args.reps, args.rest)
     loads.append(loadavg())
+    openvino_reason = openvino_reason or dropped.get("OpenVINO")
 
     med = {n: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")} for n, rs in results.items()}
-    k, l = med["kiln"], med["llama.cpp"]
-    last_kiln = results["kiln"][-1]
     now = datetime.datetime.now(datetime.timezone.utc)
-    given = pathlib.Path(args.model)
-    label = args.label or ((given.stem if given.suffix == ".gguf" else given.name) + (f"-{args.quant}" if args.quant else ""))
-    if args.avx2:
-        label += "-avx2"
-    if args.kv_dtype != "f32":
-        label += f"-kv{args.kv_dtype}"
-    if args.precision != "exact":
-        label += f"-{args.precision}"
-    llama_isa = " | ".join(f for f in results["llama.cpp"][-1].get("system_info", "").split(" | ")
-                           if f.startswith(("AVX", "FMA", "F16C", "AMX")) and f.endswith("= 1")) or "n/a"
-    lines = [
-        f"# Kiln vs llama.cpp — {label}",
-        "",
-        f"- date: {now.strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- CPU: {cpu_name()} ({os.cpu_count()} logical CPUs)",
-        f"- threads: {args.threads} (both engines)",
-        f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}",
-        f"- model: `{model}`; llama.cpp reads `{gguf_path.name}` ({outtype}); llama-cpp-python {version}",
-        f"- code: Kiln {'--target-cpu ' + target_cpu if target_cpu else 'for this CPU'}; llama.cpp "
-        f"built here ({isa}: {' '.join(LLAMA_FLAGS[isa])}; {lib_dir}), reporting {llama_isa}",
-        f"- prompt: {args.prompt_tokens} tokens (same ids for both), {args.gen_tokens} generated greedily; "
-        f"{args.reps} repetitions, one process per measurement, order rotated, {args.rest:g} s rest",
-        f"- KV cache: {args.kv_dtype} in both engines; Kiln --precision {args.precision}",
-        "",
-        "| engine | prefill tok/s (median) | decode tok/s (median) | runs (prefill / decode) |",
-        "|---|---:|---:|---|",
-    ]
-    for name in engines:
-        runs_p = ", ".join(f"{r['prefill_tok_s']:.1f}" for r in results[name])
-        runs_d = ", ".join(f"{r['decode_tok_s']:.2f}" for r in results[name])
-        lines.append(f"| {name} | {med[name]['prefill_tok_s']:.1f} | {med[name]['decode_tok_s']:.2f} | {runs_p} / {runs_d} |")
-    lines += [
-        f"| **Kiln / llama.cpp** | **{k['prefill_tok_s'] / l['prefill_tok_s']:.2f}×** | **{k['decode_tok_s'] / l['decode_tok_s']:.2f}×** | |",
-        "",
-    ]
-    reads = [r["probe_read_gb_s"] for r in results["kiln"] if r.get("probe_read_gb_s")]
-    if reads:
-        bpt = last_kiln["weight_bytes_per_token"]
-        read = statistics.median(reads)
-        fma = last_kiln.get("probe_fma_gflop_s")
-        lines.append(f"Weights read per token: {bpt / 1e6:.1f} MB. Read ceiling: {read:.1f} GB/s at {args.threads} threads "
-                     f"(median over the Kiln runs of the read probe `kiln bench` runs right after each measurement: "
-                     f"{', '.join(f'{x:.1f}' for x in reads)})"
-                     + (f"; FMA peak (`kiln probe`): {fma:.0f} GFLOP/s." if fma else "."))
-        lines.append(f"Decode as a share of the read ceiling: Kiln {100 * k['decode_tok_s'] * bpt / 1e9 / read:.0f} %, "
-                     f"llama.cpp {100 * l['decode_tok_s'] * bpt / 1e9 / read:.0f} %.")
-        lines.append("")
+    label = result_label(args)
+    llama = {"gguf": gguf_path, "outtype": outtype, "version": version, "isa": isa, "lib_dir": lib_dir,
+             "reports": llama_reports(results)}
+    openvino_line = (f"not run — {openvino_reason}" if openvino_reason
+                     else openvino.describe(args.precision, args.kv_dtype))
+    lines = header_lines(args, label, now, model, llama, loads, openvino_line)
+    lines += table_lines(results, med, openvino_reason)
+    lines += ceiling_lines(args, results, med)
     text = "\n".join(lines)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
