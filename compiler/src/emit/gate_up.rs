@@ -47,13 +47,17 @@ pub fn emit_gate_up<'c, 'a>(
     };
     let (w_gate, gate, w_up, up) = (p[1], p[2], p[3], p[4]);
     let lanes = lanes_for(k, max_lanes);
-    // One rounding of the rows serves both projections when the mode covers both.
-    let q8 =
-        q8_acts(b, d, x, *gate_dtype, k, max_rows, opts).or_else(|| q8_acts(b, d, x, *up_dtype, k, max_rows, opts));
-    let q8_for = |dtype: kiln_core::DType| q8.filter(|_| super::quant8::supports(dtype));
+    // One rounding of the rows serves both projections when the mode covers both with the
+    // same span of shared scales (a k-quant beside a 32-element format needs two).
+    let gate_q8 = q8_acts(b, d, x, *gate_dtype, k, max_rows, opts);
+    let same_span = super::quant8::span(*gate_dtype) == super::quant8::span(*up_dtype);
+    let up_q8 = match gate_q8 {
+        Some(acts) if same_span && super::quant8::supports(*up_dtype) => Some(acts),
+        _ => q8_acts(b, d, x, *up_dtype, k, max_rows, opts),
+    };
     let rounded = bf16_rows(b, d, x, &[*gate_dtype, *up_dtype], k, max_rows, lanes, opts);
     let x_bf16 = rounded.map(|r| r.buf);
-    let projection = |y, dtype| MatMul {
+    let projection = |y, q8| MatMul {
         k,
         lanes,
         x,
@@ -64,9 +68,9 @@ pub fn emit_gate_up<'c, 'a>(
         softcap: None,
         bf16_pairs: precision == kiln_core::Precision::Bf16,
         x_bf16,
-        q8: q8_for(dtype),
+        q8,
     };
-    let (gate_mm, up_mm) = (projection(gate, *gate_dtype), projection(up, *up_dtype));
+    let (gate_mm, up_mm) = (projection(gate, gate_q8), projection(up, up_q8));
     // Rows of each matrix per step. Float weights are memory-bound: the decode matmul's FMA
     // chains split over the two matrices (one row of each with AVX-512) keep as many bytes in
     // flight. Quantised ones are bound by the dequantisation work, whose latency the decode

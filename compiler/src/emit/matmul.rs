@@ -95,7 +95,7 @@ pub(super) fn q8_acts<'c, 'a>(
     opts: &kiln_core::CompileOptions,
 ) -> Option<quant8::Acts<'c, 'a>> {
     (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype))
-        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts)))
+        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype)))
 }
 
 /// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.

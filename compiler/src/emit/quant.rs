@@ -154,6 +154,7 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
             base,
             lanes,
             cache: HashMap::new(),
+            six_bits: None,
         };
         BlockReader {
             blk,
@@ -231,6 +232,17 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
     /// as [`Self::value`] uses them). Shared with `--precision q8` (`quant8.rs`).
     pub fn scale_vector(&mut self) -> Value<'c, 'a> {
         self.scales()
+    }
+
+    /// The sub-block scales of a q4_k/q5_k/q6_k block as integers, 16 i32 lanes: q4_k/q5_k the
+    /// 6-bit `sc_j` in lanes 0..8 and `m_j` in lanes 8..16, q6_k its 16 signed 8-bit scales.
+    /// `--precision q8` multiplies the k-quants' code sums by them in integers (`quant8.rs`).
+    pub fn int_scales(&mut self) -> Value<'c, 'a> {
+        match self.dtype {
+            DType::Q4K | DType::Q5K => self.blk.k4_six_bits(),
+            DType::Q6K => self.blk.bytes(192, 16, true),
+            other => unreachable!("{other} has no integer sub-block scales"),
+        }
     }
 
     /// The map of scale group `sg`, made on first use.
@@ -417,6 +429,8 @@ struct Blk<'c, 'a, 'w> {
     base: Value<'c, 'a>,
     lanes: usize,
     cache: HashMap<(usize, usize, bool), Value<'c, 'a>>,
+    /// q4_k/q5_k: the unpacked 6-bit scales and mins ([`Blk::k4_six_bits`]).
+    six_bits: Option<Value<'c, 'a>>,
 }
 
 impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
@@ -482,6 +496,24 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
     /// bits of byte `j - 4` (`j`) as bits 4..6.
     fn k4_scales_mins(&mut self) -> Value<'c, 'a> {
         let b = self.b;
+        let six = b.sitofp(self.k4_six_bits());
+        let d = self.f16(0, 16);
+        let dmin = b.negf(self.f16(2, 16));
+        let dm = b.shuffle_any(
+            d,
+            dmin,
+            &(0..16).map(|s| if s < 8 { s } else { 16 + s }).collect::<Vec<_>>(),
+        );
+        b.mulf(six, dm)
+    }
+
+    /// The 6-bit `sc_j` (lanes 0..8) and `m_j` (lanes 8..16) of a q4_k/q5_k block as i32 lanes
+    /// (see [`Self::k4_scales_mins`]), unpacked once per block.
+    fn k4_six_bits(&mut self) -> Value<'c, 'a> {
+        if let Some(v) = self.six_bits {
+            return v;
+        }
+        let b = self.b;
         // Bytes 4..20: the 12 scale bytes are lanes 0..12.
         let raw = b.load_bytes(self.w, &[self.row, b.addi(self.base, b.idx(4))], 16);
         // Lane s: scale j = s for s < 8, min j = s - 8 for s >= 8.
@@ -508,15 +540,9 @@ impl<'c, 'a, 'w> Blk<'c, 'a, 'w> {
         let q = b.extui(b.shuffle_any(raw, raw, &q_src), "i32");
         let p = b.andi(b.shrui(p, b.int_vec(&p_shift, "i32")), b.int_vec(&p_mask, "i32"));
         let q = b.andi(b.shrui(q, b.int_splat(2, 16, "i32")), b.int_vec(&q_mask, "i32"));
-        let six = b.sitofp(b.ori(p, q));
-        let d = self.f16(0, 16);
-        let dmin = b.negf(self.f16(2, 16));
-        let dm = b.shuffle_any(
-            d,
-            dmin,
-            &(0..16).map(|s| if s < 8 { s } else { 16 + s }).collect::<Vec<_>>(),
-        );
-        b.mulf(six, dm)
+        let six = b.ori(p, q);
+        self.six_bits = Some(six);
+        six
     }
 }
 

@@ -17,6 +17,14 @@
 //! saturate `vpmaddubsw`'s i16 pairs: unsigned codes are below 64, and q8_0's signed codes
 //! multiply as `|c| · (sign(c)·q)`, at most `2 · 128 · 127` per pair.
 //!
+//! The k-quants (q4_k, q5_k, q6_k) go further, as llama.cpp's `Q8_K` does: their activations
+//! share one scale per 256-element super-block ([`span`]), so a whole block's code sums stay
+//! integers. Each 32-element group's `vpmaddubsw` pairs meet their 6- or 8-bit sub-block scale
+//! in `vpmaddwd`, the groups add up in i32, and the block costs one conversion and one
+//! `fma(Σ, D·d, acc)` per activation row instead of one per group (with its scale lanes picked
+//! by a float shuffle). No sum overflows: a pair is at most `2 · 63 · 127`, a scaled pair sum
+//! `2 · 16002 · 128`, a block's sum below `2^29`.
+//!
 //! Decode and prefill run this same code (prefill as tiles of decode rows), so within the mode
 //! they agree bit for bit.
 
@@ -39,6 +47,15 @@ pub fn supports(dtype: DType) -> bool {
     )
 }
 
+/// Activation elements sharing one scale in matmuls over `dtype`: a k-quant's super-block (its
+/// sub-block scales then apply in integers, see the module's note), else one [`GROUP`].
+pub fn span(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4K | DType::Q5K | DType::Q6K => dtype.block_elems(),
+        _ => GROUP,
+    }
+}
+
 /// A call's activation rows rounded to 8 bits, in stack buffers of the thread's (every thread
 /// rounds every row itself: `rows · k` values against the `rows · k · n / threads` products it
 /// then computes, and no barrier).
@@ -46,7 +63,7 @@ pub fn supports(dtype: DType) -> bool {
 pub struct Acts<'c, 'a> {
     /// `memref<R x k x i8>`: the codes `q`.
     pub q: Value<'c, 'a>,
-    /// `memref<R x k/32 x f32>`: each group's scale `d`.
+    /// `memref<R x k/32 x f32>`: each group's scale `d` (the same for the groups of a span).
     pub d: Value<'c, 'a>,
     /// `memref<R x k/32 x f32>`: `d · Σ q` over each group of 32.
     pub s32: Value<'c, 'a>,
@@ -55,6 +72,8 @@ pub struct Acts<'c, 'a> {
     pub s16: Value<'c, 'a>,
     /// Whether dot products use `vpdpbusd` ([`vnni`]).
     pub vnni: bool,
+    /// Elements sharing one scale ([`span`]): 32, or 256 for the k-quants.
+    pub span: usize,
 }
 
 /// Whether this library may use `vpdpbusd` on 256-bit vectors: the host's own code (no
@@ -71,9 +90,22 @@ pub fn vnni(opts: &kiln_core::CompileOptions) -> bool {
 }
 
 impl<'c, 'a> Acts<'c, 'a> {
-    /// Rounds the call's rows (`d.rows` of at most `max_rows`) of `x` (`[rows, k]` f32).
-    pub fn quantise(b: Kb<'c, 'a>, d: Dyn<'c, '_>, x: Value<'c, '_>, k: usize, max_rows: usize, vnni: bool) -> Self {
-        assert!(k.is_multiple_of(GROUP), "k = {k} is not a multiple of {GROUP}");
+    /// Rounds the call's rows (`d.rows` of at most `max_rows`) of `x` (`[rows, k]` f32), one
+    /// scale per `span` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantise(
+        b: Kb<'c, 'a>,
+        d: Dyn<'c, '_>,
+        x: Value<'c, '_>,
+        k: usize,
+        max_rows: usize,
+        vnni: bool,
+        span: usize,
+    ) -> Self {
+        assert!(
+            span.is_multiple_of(GROUP) && k.is_multiple_of(span),
+            "k = {k} is not a multiple of the span {span}"
+        );
         let groups = k / GROUP;
         let acts = Acts {
             q: b.alloca(&format!("memref<{max_rows}x{k}xi8>")),
@@ -81,33 +113,45 @@ impl<'c, 'a> Acts<'c, 'a> {
             s32: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             s16: b.alloca(&format!("memref<{max_rows}x{}xf32>", 2 * groups)),
             vnni,
+            span,
         };
+        let per_span = span / GROUP;
         b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
-            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, j| {
-                acts.quantise_group(b, x, r, j)
+            b.for_each(b.idx(0), b.idx(k / span), b.idx(1), |b, s| {
+                let k0 = b.muli(s, b.idx(span));
+                let amax = b.reduce_max(
+                    (0..span / 8)
+                        .map(|i| b.abs_f32(b.load_f32(x, &[r, b.addi(k0, b.idx(8 * i))], 8)))
+                        .reduce(|a, c| b.maxf(a, c))
+                        .expect("a span has vectors"),
+                );
+                let scale = b.divf(amax, b.f32c(127.0));
+                let nonzero = b.cmpf("ogt", amax, b.f32c(0.0));
+                let inv = b.broadcast(b.select(nonzero, b.divf(b.f32c(127.0), amax), b.f32c(0.0)), 8);
+                for g in 0..per_span {
+                    let j = b.addi(b.muli(s, b.idx(per_span)), b.idx(g));
+                    acts.round_group(b, x, r, j, scale, inv);
+                }
             });
         });
         acts
     }
 
-    /// Group `j` of row `r`: `d = max|x| / 127`, `q = round(x · (127 / max|x|))` (0 for an
-    /// all-zero group), and the sums.
-    fn quantise_group(&self, b: Kb<'c, '_>, x: Value<'c, '_>, r: Value<'c, '_>, j: Value<'c, '_>) {
+    /// Group `j` of row `r` with its span's scale `d = max|x| / 127` and `inv = 127 / max|x|`
+    /// (0 for an all-zero span): `q = round(x · inv)`, and the sums.
+    fn round_group(
+        &self,
+        b: Kb<'c, '_>,
+        x: Value<'c, '_>,
+        r: Value<'c, '_>,
+        j: Value<'c, '_>,
+        scale: Value<'c, '_>,
+        inv: Value<'c, '_>,
+    ) {
         let k0 = b.muli(j, b.idx(GROUP));
-        let v: Vec<Value> = (0..GROUP / 8)
-            .map(|i| b.load_f32(x, &[r, b.addi(k0, b.idx(8 * i))], 8))
+        let q: Vec<Value> = (0..GROUP / 8)
+            .map(|i| b.round_to_i32(b.mulf(b.load_f32(x, &[r, b.addi(k0, b.idx(8 * i))], 8), inv)))
             .collect();
-        let m = v
-            .iter()
-            .map(|&vi| b.abs_f32(vi))
-            .reduce(|a, c| b.maxf(a, c))
-            .expect("4 vectors");
-        let amax = b.reduce_max(m);
-        let scale = b.divf(amax, b.f32c(127.0));
-        let nonzero = b.cmpf("ogt", amax, b.f32c(0.0));
-        let inv = b.select(nonzero, b.divf(b.f32c(127.0), amax), b.f32c(0.0));
-        let inv = b.broadcast(inv, 8);
-        let q: Vec<Value> = v.iter().map(|&vi| b.round_to_i32(b.mulf(vi, inv))).collect();
         let bytes: Vec<Value> = q.iter().map(|&qi| b.trunci(qi, "i8")).collect();
         let lo = b.shuffle_any(bytes[0], bytes[1], &(0..16).collect::<Vec<_>>());
         let hi = b.shuffle_any(bytes[2], bytes[3], &(0..16).collect::<Vec<_>>());
@@ -134,6 +178,8 @@ pub struct CodeBlock<'c, 'a, 'w> {
     reader: BlockReader<'c, 'a, 'w>,
     bytes: HashMap<(usize, usize), Value<'c, 'a>>,
     scale: Option<Value<'c, 'a>>,
+    /// The k-quants' sub-block scales as i16 lanes ([`Self::int_scale`]).
+    int_scales: Option<Value<'c, 'a>>,
     high: Option<Value<'c, 'a>>,
 }
 
@@ -151,6 +197,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
             reader: BlockReader::new(b, w, dtype, row, blk, 16, super::quant::Zeros::Either),
             bytes: HashMap::new(),
             scale: None,
+            int_scales: None,
             high: None,
         }
     }
@@ -256,7 +303,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     }
 
     /// The block's scale(s): an 8-lane splat of `D` for the 32-element formats; the k-quants'
-    /// scale vector (16 lanes, see `BlockReader::scale_vector`).
+    /// scale vector (16 lanes, see `BlockReader::scale_vector`), which their offset terms use.
     fn scale(&mut self) -> Value<'c, 'a> {
         if let Some(s) = self.scale {
             return s;
@@ -270,47 +317,57 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         s
     }
 
-    /// `D` for each lane of group `g`'s 8 i32 sums (lane `i` sums elements `4i..4i + 4`).
-    pub fn group_scale(&mut self, g: usize) -> Value<'c, 'a> {
-        let s = self.scale();
-        self.pick(s, g)
+    /// Whether the block's sub-block scales apply in integers ([`Self::scaled_dot`], the
+    /// k-quants, whose activations share one scale per block: [`span`]) rather than per group
+    /// in floats ([`Self::group_scale`]).
+    pub fn integer_scales(&self) -> bool {
+        span(self.dtype) > GROUP
     }
 
-    /// The products `D·d` of every group of the block with activation row `r`'s group scales,
-    /// made at once for a block that one row alone reads (one multiply per block instead of a
-    /// broadcast and a multiply per group; the same products, so the same bits). [`Self::pick`]
-    /// takes group `g`'s lanes.
-    pub fn row_scales(&mut self, acts: &Acts<'c, '_>, r: Value<'c, '_>, blk: Value<'c, '_>) -> Value<'c, 'a> {
-        let b = self.b;
-        let groups = self.groups();
-        let s = self.scale();
-        match self.dtype {
-            DType::Q4K | DType::Q5K => {
-                let d = b.load_f32(acts.d, &[r, b.muli(blk, b.idx(groups))], 8);
-                b.mulf(b.slice(s, 0, 8), d)
-            }
-            DType::Q6K => {
-                let d = b.load_f32(acts.d, &[r, b.muli(blk, b.idx(groups))], 8);
-                b.mulf(s, b.shuffle(d, d, &(0..16).map(|i| i / 2).collect::<Vec<_>>()))
-            }
-            _ => b.mulf(s, b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8)),
-        }
+    /// A 32-element format's `D`, 8 lanes, for each of the block's (one) group's i32 sums.
+    pub fn group_scale(&mut self) -> Value<'c, 'a> {
+        debug_assert!(!self.integer_scales());
+        self.scale()
     }
 
-    /// Group `g`'s lanes of a block-wide vector of per-group factors (the block's scales, or
-    /// [`Self::row_scales`]): lane `i` sums elements `4i..4i + 4`, so q6_k's lanes 0..4 take
-    /// sub-block `2g`'s factor and lanes 4..8 sub-block `2g + 1`'s.
-    pub fn pick(&self, scales: Value<'c, 'a>, g: usize) -> Value<'c, 'a> {
+    /// A 32-element format's `D·d` with activation row `r`'s scale for block `blk`.
+    pub fn row_scale(&mut self, acts: &Acts<'c, '_>, r: Value<'c, '_>, blk: Value<'c, '_>) -> Value<'c, 'a> {
         let b = self.b;
-        match self.dtype {
-            DType::Q4K | DType::Q5K => b.shuffle(scales, scales, &[g; 8]),
-            DType::Q6K => b.shuffle(
-                scales,
-                scales,
-                &[2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1],
-            ),
-            _ => scales,
-        }
+        b.mulf(self.group_scale(), b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8))
+    }
+
+    /// A k-quant's sub-block scales for group `g`'s 16 i16 pair sums (pair `j` holds elements
+    /// `2j, 2j + 1`): q4_k/q5_k the group's one scale, q6_k sub-block `2g`'s for pairs 0..8 and
+    /// `2g + 1`'s for pairs 8..16.
+    pub fn int_scale(&mut self, g: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        let all = match self.int_scales {
+            Some(v) => v,
+            None => {
+                let v = b.trunci(self.reader.int_scales(), "i16");
+                self.int_scales = Some(v);
+                v
+            }
+        };
+        let mask: Vec<usize> = match self.dtype {
+            DType::Q6K => (0..16).map(|j| 2 * g + j / 8).collect(),
+            _ => vec![g; 16],
+        };
+        b.shuffle_any(all, all, &mask)
+    }
+
+    /// A k-quant block's super-block scale `D` (its `d`), 8 lanes.
+    pub fn super_scale(&self) -> Value<'c, 'a> {
+        let b = self.b;
+        let at = if self.dtype == DType::Q6K { 208 } else { 0 };
+        b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(at))], 8)
+    }
+
+    /// A k-quant group's `Σ sc·c·q` as 8 i32 lanes: `vpmaddubsw` pairs (unsigned codes below
+    /// 64, so no saturation) times their sub-block scale in `vpmaddwd`.
+    pub fn scaled_dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>, scale: Value<'c, 'a>) -> Value<'c, 'a> {
+        let b = self.b;
+        b.madd_i16(b.madd_u8_i8(codes, q), scale)
     }
 
     /// `Σ c·q` of group `g`'s codes and 32 activation codes, as 8 i32 lanes.

@@ -1,8 +1,10 @@
 //! `--precision q8`: matmuls over GGML block weights with the activations rounded to 8 bits
-//! per group of 32 (`emit/quant8.rs`). Checked against an f64 reference that rounds the
-//! activations by the mode's rule independently (`q = round_ties_even(x · 127 / max|x|)`, value
-//! `q · max|x| / 127`) and multiplies them by the reference-dequantised weights; decode, a
-//! batched decode step and prefill agree bit for bit; the fused gate/up equals the two matmuls.
+//! with one scale per 32 elements, or per 256 for the k-quants (`emit/quant8.rs`). Checked
+//! against an f64 reference that rounds the activations by the mode's rule independently
+//! (`q = round_ties_even(x · 127 / max|x|)`, value `q · max|x| / 127`, over each span) and
+//! multiplies them by the reference-dequantised weights; decode, a batched decode step and
+//! prefill agree bit for bit; the fused gate/up equals the two matmuls, also where its two
+//! formats round the activations with different spans.
 
 use super::quant::{assert_bits, random_blocks, reference, widths};
 use super::{Rng, TestLib, ptr};
@@ -53,10 +55,19 @@ fn shapes(dtype: DType) -> [(usize, usize, bool, bool); 2] {
     }
 }
 
-/// The mode's rounding of one row, written independently of the emitter: per group of 32, the
-/// f32 scale `max|x| / 127` and codes rounded to nearest even; returns the rounded values.
-fn rounded_row(x: &[f32]) -> Vec<f64> {
-    x.chunks_exact(32)
+/// Activation elements sharing one scale over `dtype`'s weights: a k-quant's 256-element
+/// super-block, else 32 (stated here from the format, apart from the emitter's `span`).
+fn span(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4K | DType::Q5K | DType::Q6K => 256,
+        _ => 32,
+    }
+}
+
+/// The mode's rounding of one row, written independently of the emitter: per `span` elements,
+/// the f32 scale `max|x| / 127` and codes rounded to nearest even; returns the rounded values.
+fn rounded_row(x: &[f32], span: usize) -> Vec<f64> {
+    x.chunks_exact(span)
         .flat_map(|g| {
             let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -71,14 +82,14 @@ fn rounded_row(x: &[f32]) -> Vec<f64> {
 /// `Σ w·â` in f64 per output, with an error scale: a few f32 roundings of the terms' sizes,
 /// where a term's size allows for the code and offset parts the kernel sums separately (each
 /// as large as the largest weight of its 16-element window).
-fn reference_rows(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize) -> Vec<(f64, f64)> {
+fn reference_rows(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize, span: usize) -> Vec<(f64, f64)> {
     let window: Vec<f64> = w
         .chunks_exact(16)
         .map(|c| c.iter().fold(0f64, |m, v| m.max(v.abs() as f64)))
         .collect();
     (0..rows)
         .flat_map(|r| {
-            let xr = rounded_row(&x[r * k..(r + 1) * k]);
+            let xr = rounded_row(&x[r * k..(r + 1) * k], span);
             let window = &window;
             (0..n).map(move |j| {
                 let (mut s, mut mag) = (0.0, 0.0);
@@ -112,11 +123,13 @@ fn q8_matmuls_match_the_rounded_reference_and_decode_equals_prefill() {
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
                 let wv = reference(dtype, &w);
                 let mut bv = rng.vec(n);
-                // Some all-zero groups: their scale is 0 and their codes too.
+                // An all-zero span (scale 0, codes 0), and one whose first group alone is zero.
+                let span = span(dtype);
                 let mut x = rng.vec(ROWS * k);
-                x[..32].fill(0.0);
+                x[..span].fill(0.0);
+                x[k..k + 32].fill(0.0);
                 let y0 = rng.vec(ROWS * n);
-                let want = reference_rows(&x, &wv, ROWS, n, k);
+                let want = reference_rows(&x, &wv, ROWS, n, k, span);
                 let mut y = y0.clone();
                 let mut ptrs = vec![ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
                 if bias {

@@ -226,7 +226,7 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool, q8: bool, quad: bool) -> usize {
     match (dtype.is_quantized(), several_rows) {
         (false, _) => decode_float_rows(lanes, quad),
-        (true, false) if q8 => super::q8::q8_cols(dtype),
+        (true, false) if q8 => super::q8::q8_cols(dtype, lanes),
         (true, false) => decode_quant_rows(dtype, lanes),
         (true, true) => {
             if lanes >= 16 {

@@ -3,7 +3,7 @@
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_blocks};
-use crate::emit::quant8::{Acts, CodeBlock, GROUP};
+use crate::emit::quant8::{Acts, CodeBlock, GROUP, span};
 use crate::ir::Kb;
 use kiln_core::DType;
 use melior::ir::Value;
@@ -12,14 +12,20 @@ use melior::ir::Value;
 const LANES: usize = 8;
 
 /// Weight rows a one-row decode walks together (one accumulator each): four over the
-/// 32-element formats, two over the k-quants, whose 256-element blocks keep more state per row
-/// (`quant_speed`, one thread, x86-64-v3 code, 2-core Zen 5, Gweights/s, 4 → 2 rows: q6_k
-/// 28.4 → 32.9, q4_k 36.1 → 36.5, q5_k 29.6 → 30.8; q4_0 35.2 → 30.6, q8_0 37.7 → 36.6).
-pub(super) fn q8_cols(dtype: DType) -> usize {
+/// 32-element formats (`quant_speed`, one thread, x86-64-v3 code, 2-core Zen 5, Gweights/s,
+/// 4 → 2 rows: q4_0 35.2 → 30.6, q8_0 37.7 → 36.6). Over the k-quants, whose blocks sum in
+/// integers ([`super_block`]) and hold more live vectors, one with AVX2's 16 registers and two
+/// with AVX-512's 32 (Zen 4, 2 → 1 rows, AVX2 code: q4_k 35.2 → 37.5, q5_k 28.9 → 30.6, q6_k
+/// 26.5 → 28.8; native code: q4_k 35.9 → 33.8, q6_k 31.3 → 30.8).
+pub(super) fn q8_cols(dtype: DType, lanes: usize) -> usize {
     if let Some(r) = super::exp_var("KILN_EXP_ROWS") {
         return r;
     }
-    if dtype.block_elems() == 32 { 4 } else { 2 }
+    match (dtype.block_elems(), lanes >= 16) {
+        (32, _) => 4,
+        (_, true) => 2,
+        (_, false) => 1,
+    }
 }
 
 /// Blocks per loop step: enough that a step reads a cache line of each weight row (one
@@ -33,9 +39,14 @@ fn blocks_per_step(dtype: DType, blocks: usize) -> usize {
 
 impl<'c, 'a> MatMul<'c, 'a> {
     /// The tile's outputs: for each block of each weight row (in address order, prefetched as
-    /// exact decode prefetches), its offset terms, then group by group its codes, folded into
-    /// every activation row of the tile as `fma(Σ c·q, D·d, acc)`.
+    /// exact decode prefetches), its offset terms, then its codes folded into every activation
+    /// row of the tile ([`group_block`], [`super_block`]).
     pub(super) fn q8_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        assert_eq!(
+            acts.span,
+            span(dtype),
+            "{dtype}'s activations rounded with another span"
+        );
         let blocks = self.k / dtype.block_elems();
         let unroll = blocks_per_step(dtype, blocks);
         let (rows, cols, inits) = t.start(b, LANES, t.ncols);
@@ -58,36 +69,78 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 let blk = b.addi(kb, b.idx(u));
                 for (c, &col) in cols.iter().enumerate() {
                     let mut block = CodeBlock::new(b, w, dtype, col, blk);
-                    let groups = block.groups();
+                    let mut col_acc: Vec<Value> = (0..rows.len()).map(|i| acc[i * ncols + c]).collect();
                     for (i, &r) in rows.iter().enumerate() {
-                        acc[i * ncols + c] = block.offset_terms(acc[i * ncols + c], acts, r, blk);
+                        col_acc[i] = block.offset_terms(col_acc[i], acts, r, blk);
                     }
-                    // One row: its `D·d` for the whole block in one multiply. Several: per group,
-                    // so that no row's products stay live across the block.
-                    let one_row = (rows.len() == 1).then(|| block.row_scales(acts, rows[0], blk));
-                    for g in 0..groups {
-                        let codes = block.codes(g);
-                        let ag = b.addi(b.muli(blk, b.idx(groups)), b.idx(g));
-                        let k0 = b.muli(ag, b.idx(GROUP));
-                        // One row: the group's `D·d`, made. Several: its `D`, times each row's `d`.
-                        let scale = match one_row {
-                            Some(s) => block.pick(s, g),
-                            None => block.group_scale(g),
-                        };
-                        for (i, &r) in rows.iter().enumerate() {
-                            let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-                            let sums = b.sitofp(block.dot(codes, q, acts.vnni));
-                            let dd = match one_row {
-                                Some(_) => scale,
-                                None => b.mulf(scale, b.broadcast(b.load_f32(acts.d, &[r, ag], 1), LANES)),
-                            };
-                            acc[i * ncols + c] = b.fma(sums, dd, acc[i * ncols + c]);
-                        }
+                    if block.integer_scales() {
+                        super_block(b, &mut block, acts, &rows, blk, &mut col_acc);
+                    } else {
+                        group_block(b, &mut block, acts, &rows, blk, &mut col_acc);
+                    }
+                    for (i, a) in col_acc.into_iter().enumerate() {
+                        acc[i * ncols + c] = a;
                     }
                 }
             }
             acc
         });
         self.finish_tile(b, &acc, &rows, &cols);
+    }
+}
+
+/// A 32-element format's block (one group): `fma(Σ c·q, D·d, acc)` for each activation row.
+fn group_block<'c, 'a>(
+    b: Kb<'c, 'a>,
+    block: &mut CodeBlock<'c, 'a, '_>,
+    acts: &Acts<'c, '_>,
+    rows: &[Value<'c, 'a>],
+    blk: Value<'c, 'a>,
+    acc: &mut [Value<'c, 'a>],
+) {
+    let codes = block.codes(0);
+    let k0 = b.muli(blk, b.idx(GROUP));
+    // One row: its `D·d` made once. Several: `D` once, times each row's `d`.
+    let scale = block.group_scale();
+    for (i, &r) in rows.iter().enumerate() {
+        let q = b.load_bytes(acts.q, &[r, k0], GROUP);
+        let sums = b.sitofp(block.dot(codes, q, acts.vnni));
+        let dd = if rows.len() == 1 {
+            block.row_scale(acts, r, blk)
+        } else {
+            b.mulf(scale, b.broadcast(b.load_f32(acts.d, &[r, blk], 1), LANES))
+        };
+        acc[i] = b.fma(sums, dd, acc[i]);
+    }
+}
+
+/// A k-quant's block: its groups' `Σ sc·c·q` summed in i32 for each activation row (whose
+/// codes share one scale over the block), then one `fma(Σ, D·d, acc)` per row.
+fn super_block<'c, 'a>(
+    b: Kb<'c, 'a>,
+    block: &mut CodeBlock<'c, 'a, '_>,
+    acts: &Acts<'c, '_>,
+    rows: &[Value<'c, 'a>],
+    blk: Value<'c, 'a>,
+    acc: &mut [Value<'c, 'a>],
+) {
+    let groups = block.groups();
+    let first = b.muli(blk, b.idx(groups));
+    let mut sums: Vec<Option<Value>> = vec![None; rows.len()];
+    for g in 0..groups {
+        let codes = block.codes(g);
+        let scale = block.int_scale(g);
+        let k0 = b.muli(b.addi(first, b.idx(g)), b.idx(GROUP));
+        for (i, &r) in rows.iter().enumerate() {
+            let q = b.load_bytes(acts.q, &[r, k0], GROUP);
+            let dot = block.scaled_dot(codes, q, scale);
+            sums[i] = Some(sums[i].map_or(dot, |s| b.addi(s, dot)));
+        }
+    }
+    let big_d = block.super_scale();
+    for (i, &r) in rows.iter().enumerate() {
+        let sum = b.sitofp(sums[i].expect("a block has groups"));
+        let dd = b.mulf(big_d, b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES));
+        acc[i] = b.fma(sum, dd, acc[i]);
     }
 }
