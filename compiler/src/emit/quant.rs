@@ -234,11 +234,15 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         self.scales()
     }
 
-    /// The sub-block scales of a q4_k/q5_k/q6_k block as integers, 16 i32 lanes: q4_k/q5_k the
-    /// 6-bit `sc_j` in lanes 0..8 and `m_j` in lanes 8..16, q6_k its 16 signed 8-bit scales.
-    /// `--precision q8` multiplies the k-quants' code sums by them in integers (`quant8.rs`).
+    /// The sub-block scales of a k-quant block as integers, 16 i32 lanes: q2_k its 4-bit
+    /// scales (not the mins), q3_k its 6-bit scales less 32, q4_k/q5_k the 6-bit `sc_j` in
+    /// lanes 0..8 and `m_j` in lanes 8..16, q6_k its 16 signed 8-bit scales. `--precision q8`
+    /// multiplies the k-quants' code sums by them in integers (`quant8.rs`).
     pub fn int_scales(&mut self) -> Value<'c, 'a> {
+        let b = self.blk.b;
         match self.dtype {
+            DType::Q2K => b.andi(self.blk.bytes(0, 16, false), b.int_splat(15, 16, "i32")),
+            DType::Q3K => b.subi(self.blk.q3k_scales(), b.int_splat(32, 16, "i32")),
             DType::Q4K | DType::Q5K => self.blk.k4_six_bits(),
             DType::Q6K => self.blk.bytes(192, 16, true),
             other => unreachable!("{other} has no integer sub-block scales"),

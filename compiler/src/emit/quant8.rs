@@ -17,13 +17,15 @@
 //! saturate `vpmaddubsw`'s i16 pairs: unsigned codes are below 64, and q8_0's signed codes
 //! multiply as `|c| · (sign(c)·q)`, at most `2 · 128 · 127` per pair.
 //!
-//! The k-quants (q4_k, q5_k, q6_k) go further, as llama.cpp's `Q8_K` does: their activations
-//! share one scale per 256-element super-block ([`span`]), so a whole block's code sums stay
-//! integers. Each 32-element group's `vpmaddubsw` pairs meet their 6- or 8-bit sub-block scale
-//! in `vpmaddwd`, the groups add up in i32, and the block costs one conversion and one
+//! The k-quants (q2_k to q6_k) go further, as llama.cpp's `Q8_K` does: their activations share
+//! one scale per 256-element super-block ([`span`]), so a whole block's code sums stay
+//! integers. Each 32-element group's `vpmaddubsw` pairs meet their 4-, 6- or 8-bit sub-block
+//! scale in `vpmaddwd`, the groups add up in i32, and the block costs one conversion and one
 //! `fma(Σ, D·d, acc)` per activation row instead of one per group (with its scale lanes picked
 //! by a float shuffle). No sum overflows: a pair is at most `2 · 63 · 127`, a scaled pair sum
-//! `2 · 16002 · 128`, a block's sum below `2^29`.
+//! `2 · 16002 · 128`, a block's sum below `2^29`. q3_k's codes are read unsigned as `c + 4`
+//! (its offset term then `-4·D·sc`), and its signed 6-bit scales `sc - 32` enter `vpmaddwd`
+//! as they are.
 //!
 //! Decode and prefill run this same code (prefill as tiles of decode rows), so within the mode
 //! they agree bit for bit.
@@ -38,12 +40,21 @@ use std::collections::HashMap;
 /// Activation elements sharing one scale: one `vpmaddubsw` operand of 32 bytes.
 pub const GROUP: usize = 32;
 
-/// The weight formats this mode multiplies in integers; matmuls over the others (q2_k, q3_k,
-/// float weights) keep exact arithmetic.
+/// The weight formats this mode multiplies in integers: every GGML block format Kiln reads;
+/// matmuls over float weights keep exact arithmetic.
 pub fn supports(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K
+        DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
     )
 }
 
@@ -51,7 +62,7 @@ pub fn supports(dtype: DType) -> bool {
 /// sub-block scales then apply in integers, see the module's note), else one [`GROUP`].
 pub fn span(dtype: DType) -> usize {
     match dtype {
-        DType::Q4K | DType::Q5K | DType::Q6K => dtype.block_elems(),
+        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => dtype.block_elems(),
         _ => GROUP,
     }
 }
@@ -267,6 +278,20 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                     code
                 }
             }
+            DType::Q2K | DType::Q3K => {
+                // Element 128n + 32j + l: bits 2j..2j+2 of qs[32n + l] (qs after q2_k's 16
+                // scale bytes, q3_k's 32 hmask bytes); q3_k adds bit 4n + j of hmask[l] as 4.
+                let (n, j) = (g / 4, g % 4);
+                let qs = if self.dtype == DType::Q2K { 16 } else { 32 };
+                let raw = self.load(qs + 32 * n, 32);
+                let low = self.field(raw, 2 * j as i64, 2, 0);
+                if self.dtype == DType::Q3K {
+                    let hmask = self.load(0, 32);
+                    b.ori(low, self.field(hmask, g as i64, 1, 2))
+                } else {
+                    low
+                }
+            }
             DType::Q6K => {
                 // Element 128n + 32k + l: nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2
                 // of qh[32n + l] as bits 4..6.
@@ -310,7 +335,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         }
         let b = self.b;
         let s = match self.dtype {
-            DType::Q4K | DType::Q5K | DType::Q6K => self.reader.scale_vector(),
+            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => self.reader.scale_vector(),
             _ => b.load_f16_splat(self.w, &[self.row, self.base], 8),
         };
         self.scale = Some(s);
@@ -337,8 +362,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     }
 
     /// A k-quant's sub-block scales for group `g`'s 16 i16 pair sums (pair `j` holds elements
-    /// `2j, 2j + 1`): q4_k/q5_k the group's one scale, q6_k sub-block `2g`'s for pairs 0..8 and
-    /// `2g + 1`'s for pairs 8..16.
+    /// `2j, 2j + 1`): q4_k/q5_k the group's one scale; q2_k, q3_k and q6_k (sub-blocks of 16)
+    /// sub-block `2g`'s for pairs 0..8 and `2g + 1`'s for pairs 8..16.
     pub fn int_scale(&mut self, g: usize) -> Value<'c, 'a> {
         let b = self.b;
         let all = match self.int_scales {
@@ -350,8 +375,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
             }
         };
         let mask: Vec<usize> = match self.dtype {
-            DType::Q6K => (0..16).map(|j| 2 * g + j / 8).collect(),
-            _ => vec![g; 16],
+            DType::Q4K | DType::Q5K => vec![g; 16],
+            _ => (0..16).map(|j| 2 * g + j / 8).collect(),
         };
         b.shuffle_any(all, all, &mask)
     }
@@ -359,12 +384,17 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     /// A k-quant block's super-block scale `D` (its `d`), 8 lanes.
     pub fn super_scale(&self) -> Value<'c, 'a> {
         let b = self.b;
-        let at = if self.dtype == DType::Q6K { 208 } else { 0 };
+        let at = match self.dtype {
+            DType::Q2K => 80,
+            DType::Q3K => 108,
+            DType::Q6K => 208,
+            _ => 0,
+        };
         b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(at))], 8)
     }
 
     /// A k-quant group's `Σ sc·c·q` as 8 i32 lanes: `vpmaddubsw` pairs (unsigned codes below
-    /// 64, so no saturation) times their sub-block scale in `vpmaddwd`.
+    /// 64, so no saturation) times their sub-block scale in `vpmaddwd` (q3_k's signed).
     pub fn scaled_dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>, scale: Value<'c, 'a>) -> Value<'c, 'a> {
         let b = self.b;
         b.madd_i16(b.madd_u8_i8(codes, q), scale)
@@ -413,8 +443,14 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                 let s = b.load_f32(acts.s32, &[r, b.muli(blk, b.idx(8))], 8);
                 b.fma(mins, s, acc)
             }
-            DType::Q6K => {
-                let m = b.mulf(self.scale(), b.f32_splat(-32.0, 16));
+            DType::Q2K | DType::Q3K | DType::Q6K => {
+                // Per sub-block of 16: q2_k's `-dmin · m` (lanes 16..32 of its scale vector),
+                // q3_k's and q6_k's `-4·D·sc` and `-32·D·sc` for their unsigned codes.
+                let m = match self.dtype {
+                    DType::Q2K => b.slice(self.scale(), 16, 16),
+                    DType::Q3K => b.mulf(self.scale(), b.f32_splat(-4.0, 16)),
+                    _ => b.mulf(self.scale(), b.f32_splat(-32.0, 16)),
+                };
                 let at = b.muli(blk, b.idx(16));
                 let lo = b.load_f32(acts.s16, &[r, at], 8);
                 let hi = b.load_f32(acts.s16, &[r, b.addi(at, b.idx(8))], 8);

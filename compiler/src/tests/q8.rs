@@ -13,12 +13,14 @@ use kiln_core::{Act, CompileOptions, DType, Kernel, Precision};
 
 const ROWS: usize = 12;
 
-const FORMATS: [DType; 8] = [
+const FORMATS: [DType; 10] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
+    DType::Q2K,
+    DType::Q3K,
     DType::Q4K,
     DType::Q5K,
     DType::Q6K,
@@ -59,7 +61,7 @@ fn shapes(dtype: DType) -> [(usize, usize, bool, bool); 2] {
 /// super-block, else 32 (stated here from the format, apart from the emitter's `span`).
 fn span(dtype: DType) -> usize {
     match dtype {
-        DType::Q4K | DType::Q5K | DType::Q6K => 256,
+        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => 256,
         _ => 32,
     }
 }
