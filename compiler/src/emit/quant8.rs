@@ -344,21 +344,17 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
 
     /// Whether the block's sub-block scales apply in integers ([`Self::scaled_dot`], the
     /// k-quants, whose activations share one scale per block: [`span`]) rather than per group
-    /// in floats ([`Self::group_scale`]).
+    /// in floats ([`Self::row_scale`]).
     pub fn integer_scales(&self) -> bool {
         span(self.dtype) > GROUP
     }
 
-    /// A 32-element format's `D`, 8 lanes, for each of the block's (one) group's i32 sums.
-    pub fn group_scale(&mut self) -> Value<'c, 'a> {
-        debug_assert!(!self.integer_scales());
-        self.scale()
-    }
-
-    /// A 32-element format's `D·d` with activation row `r`'s scale for block `blk`.
+    /// A 32-element format's `D·d` (8 lanes, for each of the block's one group's i32 sums)
+    /// with activation row `r`'s scale for block `blk`; `D` is loaded once per block.
     pub fn row_scale(&mut self, acts: &Acts<'c, '_>, r: Value<'c, '_>, blk: Value<'c, '_>) -> Value<'c, 'a> {
+        debug_assert!(!self.integer_scales());
         let b = self.b;
-        b.mulf(self.group_scale(), b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8))
+        b.mulf(self.scale(), b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8))
     }
 
     /// A k-quant's sub-block scales for group `g`'s 16 i16 pair sums (pair `j` holds elements

@@ -100,17 +100,10 @@ fn group_block<'c, 'a>(
 ) {
     let codes = block.codes(0);
     let k0 = b.muli(blk, b.idx(GROUP));
-    // One row: its `D·d` made once. Several: `D` once, times each row's `d`.
-    let scale = block.group_scale();
     for (i, &r) in rows.iter().enumerate() {
         let q = b.load_bytes(acts.q, &[r, k0], GROUP);
         let sums = b.sitofp(block.dot(codes, q, acts.vnni));
-        let dd = if rows.len() == 1 {
-            block.row_scale(acts, r, blk)
-        } else {
-            b.mulf(scale, b.broadcast(b.load_f32(acts.d, &[r, blk], 1), LANES))
-        };
-        acc[i] = b.fma(sums, dd, acc[i]);
+        acc[i] = b.fma(sums, block.row_scale(acts, r, blk), acc[i]);
     }
 }
 
