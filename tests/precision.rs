@@ -15,7 +15,8 @@ use std::process::Command;
 #[path = "common/goldens.rs"]
 mod goldens;
 use goldens::{
-    cache_dir, check_near_ties, check_prefill_equals_decode, fixture, fixtures_dir, golden, max_abs_diff, models, steps,
+    cache_dir, check_near_ties, check_prefill_equals_decode, check_prefill_equals_decode_at, fixture, fixtures_dir,
+    golden, max_abs_diff, models, steps,
 };
 use kiln_core::DType;
 use kiln_text::sampler::argmax;
@@ -147,6 +148,10 @@ const Q8_FILES: [&str; 5] = [
 ];
 
 fn open_gguf(file: &str, precision: Precision, dequantize: Option<DType>) -> Session {
+    open_gguf_at(&fixtures_dir().join("gguf").join(file), precision, dequantize)
+}
+
+fn open_gguf_at(path: &std::path::Path, precision: Precision, dequantize: Option<DType>) -> Session {
     let opts = OpenOptions {
         threads: Some(2),
         cache_dir: Some(cache_dir().to_path_buf()),
@@ -154,7 +159,7 @@ fn open_gguf(file: &str, precision: Precision, dequantize: Option<DType>) -> Ses
         dequantize,
         ..OpenOptions::default()
     };
-    Session::open(&fixtures_dir().join("gguf").join(file), &opts).unwrap_or_else(|e| panic!("opening {file}: {e:#}"))
+    Session::open(path, &opts).unwrap_or_else(|e| panic!("opening {}: {e:#}", path.display()))
 }
 
 /// Greedy continuation of `prompt`, `n` tokens.
@@ -168,8 +173,67 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
+/// How far `--precision q8` logits stray from the exact kernels' ([`q8_against_exact`]).
+struct Q8Drift {
+    /// Largest |logit difference| at the last prompt position, and over all steps.
+    after_prompt: f32,
+    over_steps: f32,
+    /// Smallest spread (max - min) of the exact logits at any step.
+    spread: f32,
+}
+
+/// `fast` (q8) against `exact` over 16 teacher-forced steps of each prompt's exact greedy
+/// continuation: every step's logits within `bound`, and a greedy step that departs only where
+/// the exact logits of the two tokens are within `tie` (each departure printed).
+fn q8_against_exact(
+    what: &str,
+    exact: &mut Session,
+    fast: &mut Session,
+    prompts: &[Vec<u32>],
+    bound: f32,
+    tie: f32,
+) -> Q8Drift {
+    let mut drift = Q8Drift {
+        after_prompt: 0.0,
+        over_steps: 0.0,
+        spread: f32::INFINITY,
+    };
+    for (i, ids) in prompts.iter().enumerate() {
+        let want = greedy(exact, ids, 16);
+        let (reference, got) = (steps(exact, ids, &want), steps(fast, ids, &want));
+        for (t, (r, g)) in reference.iter().zip(&got).enumerate() {
+            let diff = max_abs_diff(r, g);
+            let range = r.iter().fold(f32::MIN, |m, &v| m.max(v)) - r.iter().fold(f32::MAX, |m, &v| m.min(v));
+            drift.over_steps = drift.over_steps.max(diff);
+            if t == 0 {
+                drift.after_prompt = drift.after_prompt.max(diff);
+            }
+            drift.spread = drift.spread.min(range);
+            assert!(diff <= bound, "{what} case {i} step {t}: q8 logits differ by {diff}");
+        }
+        if let Some(t) = got.iter().zip(&want).position(|(l, &w)| argmax(l) as u32 != w) {
+            let chosen = argmax(&got[t]);
+            let margin = reference[t][want[t] as usize] - reference[t][chosen];
+            eprintln!(
+                "{what} q8 case {i}: step {t} picks {chosen} instead of {}: f32 margin {margin:e}",
+                want[t]
+            );
+            assert!(
+                margin <= tie,
+                "{what} q8 case {i}: step {t} departs at an f32 margin of {margin}"
+            );
+        }
+    }
+    drift
+}
+
 #[test]
 fn q8_precision_stays_close_to_the_dequantised_weights() {
+    let prompts: Vec<Vec<u32>> = golden("llama")
+        .cases
+        .iter()
+        .map(|c| c.prompt_token_ids.clone())
+        .collect();
     for file in Q8_FILES {
         let mut exact = open_gguf(file, Precision::Exact, Some(DType::F32));
         let mut fast = open_gguf(file, Precision::Q8, None);
@@ -177,34 +241,10 @@ fn q8_precision_stays_close_to_the_dequantised_weights() {
             fast.spec.weights.iter().any(|w| w.dtype.is_quantized()),
             "{file}: the quantised kernels are exercised"
         );
-        let (mut worst, mut worst_first) = (0.0f32, 0.0f32);
-        for (i, case) in golden("llama").cases.iter().enumerate() {
-            let ids = &case.prompt_token_ids;
-            let want = greedy(&mut exact, ids, 16);
-            let (reference, got) = (steps(&mut exact, ids, &want), steps(&mut fast, ids, &want));
-            for (t, (r, g)) in reference.iter().zip(&got).enumerate() {
-                let diff = max_abs_diff(r, g);
-                worst = worst.max(diff);
-                if t == 0 {
-                    worst_first = worst_first.max(diff);
-                }
-                assert!(diff <= Q8_BOUND, "{file} case {i} step {t}: q8 logits differ by {diff}");
-            }
-            if let Some(t) = got.iter().zip(&want).position(|(l, &w)| argmax(l) as u32 != w) {
-                let chosen = argmax(&got[t]);
-                let margin = reference[t][want[t] as usize] - reference[t][chosen];
-                eprintln!(
-                    "{file} q8 case {i}: step {t} picks {chosen} instead of {}: f32 margin {margin:e}",
-                    want[t]
-                );
-                assert!(
-                    margin <= Q8_TIE,
-                    "{file} q8 case {i}: step {t} departs at an f32 margin of {margin}"
-                );
-            }
-        }
+        let drift = q8_against_exact(file, &mut exact, &mut fast, &prompts, Q8_BOUND, Q8_TIE);
         eprintln!(
-            "{file} q8: max |logit diff| from the f32 weights: {worst_first:e} after the prompt, {worst:e} over 16 steps"
+            "{file} q8: max |logit diff| from the f32 weights: {:e} after the prompt, {:e} over 16 steps",
+            drift.after_prompt, drift.over_steps
         );
     }
 }
@@ -264,14 +304,7 @@ fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
 /// formats round the activations with different spans (256 and 32).
 fn open_tiny_llama(precision: Precision, dequantize: Option<DType>) -> Session {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf/tiny-llama.gguf");
-    let opts = OpenOptions {
-        threads: Some(2),
-        cache_dir: Some(cache_dir().to_path_buf()),
-        precision,
-        dequantize,
-        ..OpenOptions::default()
-    };
-    Session::open(&path, &opts).unwrap_or_else(|e| panic!("opening {}: {e:#}", path.display()))
+    open_gguf_at(&path, precision, dequantize)
 }
 
 /// Prompts of 5 to 70 ids (the longest crosses a 64-row prefill block) below the file's 562.
@@ -300,47 +333,19 @@ fn q8_precision_covers_every_k_quant_and_mixed_spans() {
             "tiny-llama.gguf holds {dtype} weights"
         );
     }
-    let (mut worst, mut spread) = (0.0f32, f32::INFINITY);
-    for (i, ids) in tiny_llama_prompts().iter().enumerate() {
-        let want = greedy(&mut exact, ids, 16);
-        let (reference, got) = (steps(&mut exact, ids, &want), steps(&mut fast, ids, &want));
-        for (t, (r, g)) in reference.iter().zip(&got).enumerate() {
-            let diff = max_abs_diff(r, g);
-            let range = r.iter().fold(f32::MIN, |m, &v| m.max(v)) - r.iter().fold(f32::MAX, |m, &v| m.min(v));
-            worst = worst.max(diff);
-            spread = spread.min(range);
-            assert!(
-                diff <= K_QUANT_Q8_BOUND,
-                "tiny-llama q8 case {i} step {t}: logits differ by {diff}"
-            );
-        }
-        if let Some(t) = got.iter().zip(&want).position(|(l, &w)| argmax(l) as u32 != w) {
-            let chosen = argmax(&got[t]);
-            let margin = reference[t][want[t] as usize] - reference[t][chosen];
-            eprintln!(
-                "tiny-llama q8 case {i}: step {t} picks {chosen} instead of {}: f32 margin {margin:e}",
-                want[t]
-            );
-            assert!(
-                margin <= K_QUANT_Q8_TIE,
-                "tiny-llama q8 case {i}: step {t} departs at an f32 margin of {margin}"
-            );
-        }
-    }
-    eprintln!("tiny-llama q8: max |logit diff| from the f32 weights {worst:e} (smallest logit spread {spread:e})");
-    // Prefill runs decode's code in this mode: bitwise the same logits at every position tried.
+    let drift = q8_against_exact(
+        "tiny-llama",
+        &mut exact,
+        &mut fast,
+        &tiny_llama_prompts(),
+        K_QUANT_Q8_BOUND,
+        K_QUANT_Q8_TIE,
+    );
+    eprintln!(
+        "tiny-llama q8: max |logit diff| from the f32 weights {:e} (smallest logit spread {:e})",
+        drift.over_steps, drift.spread
+    );
+    // Prefill runs decode's code in this mode: bitwise the same logits, across a prefill block.
     let ids = tiny_llama_prompts().pop().expect("prompts");
-    fast.engine.reset();
-    let mut decoded = vec![fast.engine.prefill(&ids[..1]).expect("prefill").to_vec()];
-    for &t in &ids[1..] {
-        decoded.push(fast.engine.decode(t).expect("decode").to_vec());
-    }
-    for t in [1, 7, 63, 64, ids.len() - 1] {
-        fast.engine.reset();
-        let prefilled = fast.engine.prefill(&ids[..=t]).expect("prefill").to_vec();
-        assert!(
-            prefilled == decoded[t],
-            "tiny-llama q8 position {t}: prefill and decode differ"
-        );
-    }
+    check_prefill_equals_decode_at("tiny-llama q8", &mut fast, &ids, &[1, 7, 63, 64, ids.len() - 1]);
 }

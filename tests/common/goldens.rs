@@ -142,17 +142,33 @@ pub fn check_prefill_equals_decode(name: &str, what: &str, session: &mut kiln::s
         .expect("a golden case");
     let ids = &case.prompt_token_ids;
     let ids = &ids[..longrope_original(&session.spec).map_or(ids.len(), |o| o.min(ids.len()))];
+    check_prefill_equals_decode_at(
+        &format!("{name} {what}"),
+        session,
+        ids,
+        &[1, 7, ids.len() / 2, ids.len() - 1],
+    );
+}
+
+/// Prefill of `ids[..=t]` gives bitwise the logits of prefilling `ids[0]` and decoding the rest
+/// one token at a time, at each position `t` of `positions`.
+pub fn check_prefill_equals_decode_at(
+    what: &str,
+    session: &mut kiln::session::Session,
+    ids: &[u32],
+    positions: &[usize],
+) {
     session.engine.reset();
     let mut decoded = vec![session.engine.prefill(&ids[..1]).expect("prefill").to_vec()];
     for &t in &ids[1..] {
         decoded.push(session.engine.decode(t).expect("decode").to_vec());
     }
-    for t in [1, 7, ids.len() / 2, ids.len() - 1] {
+    for &t in positions {
         session.engine.reset();
         let prefilled = session.engine.prefill(&ids[..=t]).expect("prefill").to_vec();
         assert!(
             prefilled == decoded[t],
-            "{name} {what}: position {t}: prefill and decode logits differ by {}",
+            "{what}: position {t}: prefill and decode logits differ by {}",
             max_abs_diff(&prefilled, &decoded[t])
         );
     }
