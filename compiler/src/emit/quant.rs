@@ -249,6 +249,19 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         }
     }
 
+    /// A k-quant block's super-block scale `d` (the f16 at its place in each format's layout)
+    /// as an f32 splat of `lanes` lanes.
+    pub fn super_scale(&mut self, lanes: usize) -> Value<'c, 'a> {
+        let at = match self.dtype {
+            DType::Q2K => 80,
+            DType::Q3K => 108,
+            DType::Q4K | DType::Q5K => 0,
+            DType::Q6K => 208,
+            other => unreachable!("{other} has no super-block scale"),
+        };
+        self.blk.f16(at, lanes)
+    }
+
     /// The map of scale group `sg`, made on first use.
     fn affine(&mut self, sg: usize) -> Affine<'c, 'a> {
         if let Some(a) = self.affines.get(&sg) {
@@ -264,22 +277,21 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         if let Some(s) = self.scales {
             return s;
         }
-        let q = &mut self.blk;
-        let b = q.b;
+        let b = self.blk.b;
         let s = match self.dtype {
             // Lanes 0..16: `d * (sc & 15)`, lanes 16..32: `-dmin * (sc >> 4)` (exact products).
             DType::Q2K => {
-                let sc = q.bytes(0, 16, false);
-                let d = b.mulf(b.sitofp(b.andi(sc, b.int_splat(15, 16, "i32"))), q.f16(80, 16));
-                let m = b.mulf(b.sitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))), b.negf(q.f16(82, 16)));
+                let d = b.mulf(b.sitofp(self.int_scales()), self.super_scale(16));
+                let sc = self.blk.bytes(0, 16, false);
+                let m = b.mulf(
+                    b.sitofp(b.shrui(sc, b.int_splat(4, 16, "i32"))),
+                    b.negf(self.blk.f16(82, 16)),
+                );
                 b.shuffle_any(d, m, &(0..32).collect::<Vec<_>>())
             }
-            DType::Q3K => {
-                let scales = q.q3k_scales();
-                b.mulf(q.f16(108, 16), b.sitofp(b.subi(scales, b.int_splat(32, 16, "i32"))))
-            }
-            DType::Q4K | DType::Q5K => q.k4_scales_mins(),
-            DType::Q6K => b.mulf(q.f16(208, 16), b.sitofp(q.bytes(192, 16, true))),
+            // `d * sc` for each sub-block of 16.
+            DType::Q3K | DType::Q6K => b.mulf(self.super_scale(16), b.sitofp(self.int_scales())),
+            DType::Q4K | DType::Q5K => self.blk.k4_scales_mins(),
             other => unreachable!("{other} has one scale per block"),
         };
         self.scales = Some(s);

@@ -378,15 +378,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     }
 
     /// A k-quant block's super-block scale `D` (its `d`), 8 lanes.
-    pub fn super_scale(&self) -> Value<'c, 'a> {
-        let b = self.b;
-        let at = match self.dtype {
-            DType::Q2K => 80,
-            DType::Q3K => 108,
-            DType::Q6K => 208,
-            _ => 0,
-        };
-        b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(at))], 8)
+    pub fn super_scale(&mut self) -> Value<'c, 'a> {
+        self.reader.super_scale(8)
     }
 
     /// A k-quant group's `Σ sc·c·q` as 8 i32 lanes: `vpmaddubsw` pairs (unsigned codes below
