@@ -169,8 +169,9 @@ pub enum Kernel {
     },
     /// The Gated DeltaNet's per-token inputs, in place, once per row and head so the
     /// recurrence's work items do not each redo them: q and k of every key head L2-normalised
-    /// (q also scaled by `k_dim^-0.5`), `a` replaced by the decay `exp(g)` with
-    /// `g = A softplus(a + dt_bias)`, `b` by `beta = sigmoid(b)`.
+    /// (q also scaled by `k_dim^-0.5`), `a` replaced by the decay `exp(g)` (prefill kernels:
+    /// by `g` itself, which the chunked form sums) with `g = A softplus(a + dt_bias)`, `b` by
+    /// `beta = sigmoid(b)`.
     /// Args: `qkv: f32[max_rows, 2 * k_heads * k_dim + v_heads * v_dim]`,
     /// `a, b: f32[max_rows, v_heads]`, `a_param: a_dtype[v_heads]`, `dt_bias: dt_dtype[v_heads]`.
     DeltaGates {
@@ -184,8 +185,8 @@ pub enum Kernel {
         max_rows: usize,
     },
     /// The Gated DeltaNet recurrence ([`crate::graph::DeltaNet`]) over the inputs
-    /// [`Kernel::DeltaGates`] prepared, row by row in order, each row on its slot's state (zero
-    /// at position 0).
+    /// [`Kernel::DeltaGates`] prepared, each row on its slot's state (zero at position 0):
+    /// decode kernels row by row, prefill kernels in chunks of rows (the WY form).
     /// Args: `qkv: f32[max_rows, 2 * k_heads * k_dim + v_heads * v_dim]` (q, k normalised),
     /// `decay, beta: f32[max_rows, v_heads]`, `out: f32[max_rows, v_heads * v_dim]`,
     /// `state: f32[MAX_SLOTS * v_heads * k_dim * v_dim]`, `row_info`. The state is laid out

@@ -1,21 +1,21 @@
-//! The Gated DeltaNet recurrence ([`Kernel::DeltaNet`]), one token at a time in both regimes,
-//! and its per-token inputs ([`Kernel::DeltaGates`]).
+//! The Gated DeltaNet recurrence ([`Kernel::DeltaNet`]) one token at a time, as decode runs
+//! it (prefill kernels run the chunked form of [`super::delta_chunk`]), and its per-token
+//! inputs ([`Kernel::DeltaGates`]).
 //!
 //! Each value head's state is a `[k_dim, v_dim]` matrix, and its columns are independent: a
 //! token updates column `j` from `v[j]`, `k`, `q` and column `j` alone. So the work is split
 //! into (value head, block of `lanes` columns) items, and an item walks every row of the call
 //! in order over its `k_dim x lanes` slice of the state (8 KiB for 128 x 16), which stays in L1
-//! from one token to the next: prefill is a loop of FMAs over an L1-resident block, as
-//! compute-bound as the chunked (WY) form on a CPU, with the same instructions as decode, so
-//! prefill and decode agree bit for bit. Per token, two passes over the slice with enough
-//! accumulator chains to hide the FMA latency: `S^T k` (the decay `exp(g)` applied to the sum,
-//! one FMA per state vector), then `S = S exp(g) + k delta^T` and `S^T q` (three operations).
-//! The normalised q and k and the two gates, the same for all of a head's items, are computed
-//! once per row beforehand by `delta_gates`.
+//! from one token to the next. Per token, two passes over the slice with enough accumulator
+//! chains to hide the FMA latency: `S^T k` (the decay `exp(g)` applied to the sum, one FMA per
+//! state vector), then `S = S exp(g) + k delta^T` and `S^T q` (three operations). The
+//! normalised q and k and the two gates, the same for all of a head's items, are computed once
+//! per row beforehand by `delta_gates`.
 
 use super::elementwise::activate;
 use super::{Dyn, row_place, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
+use kiln_core::kernel::is_decode;
 use kiln_core::{Act, DType, DecayForm, HeadOrder, Kernel};
 use melior::ir::Value;
 
@@ -32,11 +32,14 @@ pub fn emit_delta_gates<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>],
         a_dtype,
         dt_dtype,
         decay,
+        max_rows,
         ..
     } = *kernel
     else {
         unreachable!()
     };
+    // The chunked prefill form sums log-decays; decode multiplies by the decay itself.
+    let log_decay = !is_decode(max_rows);
     let (qkv, a, beta_in) = (p[0], p[1], p[2]);
     let (start, end) = thread_range(b, d.rows, d, 1);
     b.for_each(start, end, b.idx(1), |b, r| {
@@ -47,15 +50,16 @@ pub fn emit_delta_gates<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>],
             normalise(b, qkv, r, (k_heads + kh) * k_dim, k_dim, max_lanes, None);
         }
         b.for_each(b.idx(0), b.idx(v_heads), b.idx(1), |b, h| {
-            let (dec, beta) = gates(b, a_dtype, dt_dtype, decay, p, r, h);
-            b.store(dec, a, &[r, h]);
+            let (g, beta) = gates(b, a_dtype, dt_dtype, decay, p, r, h);
+            b.store(if log_decay { g } else { b.exp(g) }, a, &[r, h]);
             b.store(beta, beta_in, &[r, h]);
         });
     });
 }
 
 /// The recurrence over the inputs [`emit_delta_gates`] prepared: `qkv` holds normalised q and
-/// k, `p[1]` the decay `exp(g)` and `p[2]` beta of each row and value head.
+/// k, `p[1]` the decay `exp(g)` (prefill: `g`) and `p[2]` beta of each row and value head.
+/// Prefill kernels run the chunked form ([`super::delta_chunk`]).
 pub fn emit_delta_net<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
     let Kernel::DeltaNet {
         k_heads,
@@ -63,11 +67,14 @@ pub fn emit_delta_net<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         k_dim,
         v_dim,
         order,
-        ..
+        max_rows,
     } = *kernel
     else {
         unreachable!()
     };
+    if !is_decode(max_rows) {
+        return super::delta_chunk::emit_delta_chunked(b, kernel, p, d, max_lanes);
+    }
     let lanes = lanes_for(v_dim, max_lanes);
     let blocks = v_dim / lanes;
     let (qkv, state) = (p[0], p[4]);
@@ -197,7 +204,7 @@ fn normalise<'c>(
     });
 }
 
-/// Row `r`'s decay `exp(g)` and `beta` of value head `h`, as scalars: `beta = sigmoid(b)`,
+/// Row `r`'s log-decay `g` and `beta` of value head `h`, as scalars: `beta = sigmoid(b)`,
 /// `g = A * softplus(a + dt_bias)` with `A = -exp(A_log)` (or the stored `A`), and torch's
 /// softplus (`x` above 20, else `log(1 + exp(x))`).
 fn gates<'c, 'a>(
@@ -220,6 +227,5 @@ fn gates<'c, 'a>(
         DecayForm::Log => b.negf(b.exp(a_param)),
         DecayForm::Negated => a_param,
     };
-    let g = b.mulf(a, softplus);
-    (b.exp(g), activate(b, Act::Sigmoid, b_in))
+    (b.mulf(a, softplus), activate(b, Act::Sigmoid, b_in))
 }

@@ -6,6 +6,7 @@
 //! counter, followed by `rows`, `thread_id` and `n_threads` as i64.
 
 mod attention;
+mod delta_chunk;
 mod delta_net;
 mod elementwise;
 mod gate_up;

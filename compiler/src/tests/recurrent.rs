@@ -185,6 +185,32 @@ impl DeltaRef {
 /// width; the state it leaves is the one the next call continues from.
 #[test]
 fn delta_net_follows_the_recurrence_per_sequence() {
+    check_delta_net(ROWS, &[&FIRST, &SECOND]);
+}
+
+/// (slot, position) of each row of two prefill calls: runs longer than a chunk that cross a
+/// chunk boundary (positions 32 and 64) at different offsets in the call, a sequence starting
+/// at 0 over leftovers, one row alone, and continuations from the state the first call left.
+fn prefill_calls() -> [Vec<(usize, usize)>; 2] {
+    let run = |slot: usize, from: usize, to: usize| (from..to).map(move |p| (slot, p));
+    [
+        run(2, 5, 45).chain(run(0, 0, 35)).chain(run(1, 1, 2)).collect(),
+        run(0, 35, 70).chain(run(2, 45, 50)).chain(run(1, 2, 4)).collect(),
+    ]
+}
+
+/// Invariant: the prefill kernels' chunked (WY) form computes the same recurrence as the
+/// one-token form, to f32 rounding, on calls mixing sequences whose runs cross chunk
+/// boundaries, and leaves the state the next call continues from.
+#[test]
+fn delta_net_chunked_prefill_follows_the_recurrence() {
+    let [first, second] = prefill_calls();
+    check_delta_net(80, &[&first, &second]);
+}
+
+/// Runs `delta_gates` then `delta_net` compiled for `max_rows` over each call in turn,
+/// against the f64 recurrence.
+fn check_delta_net(max_rows: usize, calls: &[&[(usize, usize)]]) {
     for (order, decay) in [
         (HeadOrder::Grouped, DecayForm::Log),
         (HeadOrder::Tiled, DecayForm::Negated),
@@ -206,7 +232,7 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                 a_dtype: DType::F32,
                 dt_dtype: DType::BF16,
                 decay,
-                max_rows: ROWS,
+                max_rows,
             };
             let kernel = Kernel::DeltaNet {
                 k_heads: r.k_heads,
@@ -214,11 +240,11 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                 k_dim: r.k_dim,
                 v_dim: r.v_dim,
                 order,
-                max_rows: ROWS,
+                max_rows,
             };
             let lib = TestLib::build(
                 &[gates.clone(), kernel.clone()],
-                &CompileOptions::new(ROWS, lanes),
+                &CompileOptions::new(max_rows, lanes),
                 None,
             );
             let mut rng = Rng(99 + lanes as u64);
@@ -243,14 +269,14 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                     state[slot * per_slot + at] = *v as f32;
                 }
             }
-            for call in [&FIRST[..], &SECOND[..]] {
+            for call in calls {
                 let rows = call.len();
-                let mut qkv = rng.vec(ROWS * width);
+                let mut qkv = rng.vec(max_rows * width);
                 // A spread of gate inputs, one above softplus's threshold.
-                let mut a: Vec<f32> = rng.vec(ROWS * r.v_heads).iter().map(|v| v * 4.0).collect();
+                let mut a: Vec<f32> = rng.vec(max_rows * r.v_heads).iter().map(|v| v * 4.0).collect();
                 a[1] = 25.0;
-                let mut b = rng.vec(ROWS * r.v_heads);
-                let mut out = vec![0f32; ROWS * r.v_heads * r.v_dim];
+                let mut b = rng.vec(max_rows * r.v_heads);
+                let mut out = vec![0f32; max_rows * r.v_heads * r.v_dim];
                 let mut row_info = info(call);
                 // The reference reads the raw inputs, which delta_gates rewrites in place.
                 let (qkv0, a0, b0) = (qkv.clone(), a.clone(), b.clone());
@@ -273,7 +299,7 @@ fn delta_net_follows_the_recurrence_per_sequence() {
                     let (av, bv) = (&a0[i * r.v_heads..][..r.v_heads], &b0[i * r.v_heads..][..r.v_heads]);
                     want.extend(r.step(&mut refs[slot], &qkv0[i * width..][..width], av, bv, &a_neg, &dt_f));
                 }
-                let what = format!("delta_net {order:?} {decay:?} lanes {lanes} k_dim {k_dim}");
+                let what = format!("delta_net ({max_rows} rows) {order:?} {decay:?} lanes {lanes} k_dim {k_dim}");
                 assert_close(&out[..want.len()], &want, 2e-5, &what);
                 for slot in 0..3 {
                     let got: Vec<f32> = layout.iter().map(|at| state[slot * per_slot + at]).collect();
