@@ -301,6 +301,51 @@ fn a_shared_prefix_is_reused_and_gives_the_same_answer() {
     assert_eq!(text_of(&reused), text_of(&fresh), "reuse does not change the answer");
 }
 
+// A recurrent model's state cannot be cut back to a shared prefix, so a chat request saves it
+// where its conversation ends (before the assistant header, Qwen3's real template): the next
+// turn resumes from there, reports those tokens as cached, and answers as a fresh server does.
+#[test]
+fn a_recurrent_model_resumes_the_next_chat_turn_from_its_checkpoint() {
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates/qwen3.jinja");
+    let template = std::fs::read_to_string(template).unwrap();
+    let dir = kiln_testkit::fixtures::with_chat_template(&fixture("qwen3_5"), &template);
+    let s = Server::start_model(dir.path(), &["--parallel", "1"]);
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Hello there"}),
+    ];
+    let ask = |messages: &[Value]| -> Value {
+        let body = json!({"messages": messages, "max_tokens": 8, "temperature": 0,
+                          "chat_template_kwargs": {"enable_thinking": false}});
+        s.post("/v1/chat/completions", &body).json().unwrap()
+    };
+    let first = ask(&messages);
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "And then?"}));
+    let second = ask(&messages);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Without the checkpoint nothing could be reused; the saved state ends before the first
+    // request's assistant header (24 of its 42 tokens with this fixture's tokenizer).
+    assert!(
+        cached > 0 && cached < first_prompt,
+        "the first conversation up to its reply is reused: {} (first prompt {first_prompt})",
+        second["usage"]
+    );
+    let fresh = Server::start_model(dir.path(), &["--parallel", "1"]);
+    let body = json!({"messages": messages, "max_tokens": 8, "temperature": 0,
+                      "chat_template_kwargs": {"enable_thinking": false}});
+    let alone: Value = fresh.post("/v1/chat/completions", &body).json().unwrap();
+    assert_eq!(alone["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["choices"][0]["message"], alone["choices"][0]["message"],
+        "resuming from the checkpoint does not change the answer"
+    );
+}
+
 // A client that hangs up mid-stream frees its slot at once; the server keeps serving.
 #[test]
 fn a_client_hang_up_cancels_its_request_and_frees_the_slot() {

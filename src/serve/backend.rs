@@ -28,6 +28,8 @@ pub struct KilnBackend {
     pub jobs: Mutex<Sender<Job>>,
     pub counters: Arc<Counters>,
     pub shutting_down: AtomicBool,
+    /// The model has recurrent state (a chat prompt then saves it where the history ends).
+    pub recurrent: bool,
 }
 
 impl KilnBackend {
@@ -48,15 +50,19 @@ impl KilnBackend {
         Ok(params)
     }
 
-    /// The prompt's ids, and whether it leaves the reply inside a `<think>` block.
-    fn encode(&self, prompt: &Prompt, enable_thinking: Option<bool>) -> Result<(Vec<u32>, bool), SubmitError> {
+    /// The prompt's ids, whether it leaves the reply inside a `<think>` block, and, for a chat
+    /// prompt to a recurrent model, where the conversation ends before the reply's assistant
+    /// header: the next turn renders the same tokens up to there but not always after (Qwen3's
+    /// template drops earlier replies' reasoning), so the state saved there is the one it can
+    /// resume from.
+    fn encode(&self, prompt: &Prompt, enable_thinking: Option<bool>) -> Result<Encoded, SubmitError> {
         let encode = |text: &str, special: bool| {
             self.tokenizer
                 .encode(text, special)
                 .map_err(|e| bad(format!("cannot tokenise the prompt: {e}"), None))
         };
         match prompt {
-            Prompt::Text(text) => Ok((encode(text, true)?, false)),
+            Prompt::Text(text) => Ok((encode(text, true)?, false, None)),
             Prompt::Chat(messages) => {
                 let template = self.template.as_ref().ok_or_else(|| {
                     bad(
@@ -73,11 +79,24 @@ impl KilnBackend {
                 let text = template
                     .render(&messages, &options)
                     .map_err(|e| bad(format!("the chat template failed: {e}"), Some("messages")))?;
-                Ok((encode(&text, false)?, prompt_opens_thinking(&text)))
+                let ids = encode(&text, false)?;
+                let history_end = self.recurrent.then(|| {
+                    let options = RenderOptions {
+                        add_generation_prompt: false,
+                        ..options
+                    };
+                    let history = template.render(&messages, &options).ok()?;
+                    let history = self.tokenizer.encode(&history, false).ok()?;
+                    Some(history.iter().zip(&ids).take_while(|(a, b)| a == b).count())
+                });
+                Ok((ids, prompt_opens_thinking(&text), history_end.flatten()))
             }
         }
     }
 }
+
+/// A prompt's ids, whether it opens a `<think>` block, where a recurrent state is saved.
+type Encoded = (Vec<u32>, bool, Option<usize>);
 
 fn bad(message: String, param: Option<&str>) -> SubmitError {
     SubmitError::BadRequest {
@@ -100,7 +119,8 @@ impl Backend for KilnBackend {
             return Err(SubmitError::ShuttingDown);
         }
         let sampling = self.sampling(&req.sampling)?;
-        let (prompt, starts_thinking) = self.encode(&req.prompt, req.enable_thinking)?;
+        let (prompt, starts_thinking, checkpoint_at) = self.encode(&req.prompt, req.enable_thinking)?;
+        let checkpoint_at = checkpoint_at.filter(|&c| c > 0 && c < prompt.len());
         if prompt.is_empty() {
             return Err(bad("the prompt encodes to no tokens".into(), Some("prompt")));
         }
@@ -136,6 +156,7 @@ impl Backend for KilnBackend {
             stop: req.stop,
             starts_thinking,
             ignore_eos: req.ignore_eos,
+            checkpoint_at,
             events,
         };
         let sent = self.jobs.lock().map(|jobs| jobs.send(job).is_ok()).unwrap_or(false);

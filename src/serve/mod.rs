@@ -120,6 +120,7 @@ impl Loader {
             jobs: Mutex::new(jobs),
             counters: counters.clone(),
             shutting_down: AtomicBool::new(false),
+            recurrent: session.spec.is_recurrent(),
         };
         let cfg = SchedulerConfig {
             eos,

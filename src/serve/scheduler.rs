@@ -35,6 +35,10 @@ pub struct Job {
     pub starts_thinking: bool,
     /// Generate `max_tokens` whatever is sampled (EOS included), for benchmarks.
     pub ignore_eos: bool,
+    /// Where a recurrent model's state is saved while the prompt is prefilled
+    /// (`Engine::checkpoint_in`): a later request sharing the prompt up to there resumes from
+    /// it, where a state that cannot be cut back would otherwise run its whole prompt again.
+    pub checkpoint_at: Option<usize>,
     pub events: UnboundedSender<GenEvent>,
 }
 
@@ -217,7 +221,11 @@ fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &Sche
             break;
         }
         let a = slots[i].active.as_ref().expect("an active slot");
-        let end = (a.prefilled + budget).min(a.job.prompt.len());
+        let mut end = (a.prefilled + budget).min(a.job.prompt.len());
+        // A chunk stops where the state is to be saved (the split is neutral to rounding).
+        if let Some(c) = a.job.checkpoint_at.filter(|&c| a.prefilled < c && c < end) {
+            end = c;
+        }
         budget -= end - a.prefilled;
         plan.push((
             i,
@@ -290,6 +298,8 @@ fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &Sche
         store_rate(&counters.decode_tok_s, decoding, took);
     }
     let mut rows = logits.chunks(vocab);
+    // Slots whose prompt reached its checkpoint (saved once the logits are read).
+    let mut saves = Vec::new();
     for ((i, work), room) in plan.into_iter().zip(room) {
         let slot = &mut slots[i];
         match work {
@@ -298,6 +308,9 @@ fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &Sche
                 let a = slot.active.as_mut().expect("an active slot");
                 slot.cached.extend_from_slice(&a.job.prompt[start..end]);
                 a.prefilled = end;
+                if a.job.checkpoint_at == Some(end) {
+                    saves.push(i);
+                }
                 if end < a.job.prompt.len() {
                     continue;
                 }
@@ -308,6 +321,9 @@ fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &Sche
         let next = a.sampler.sample(row, &a.history);
         let eos: &[u32] = if a.job.ignore_eos { &[] } else { &cfg.eos };
         accept(slot, next, room, counters, eos);
+    }
+    for i in saves {
+        engine.checkpoint_in(i);
     }
 }
 
