@@ -20,13 +20,14 @@
 //! accumulators, each loaded state vector or `V'` row shared by the tile's FMAs. Decode keeps
 //! the one-token form (`delta_net.rs`): the two agree to rounding, not bitwise.
 
+use super::delta_net::key_head;
 use super::{Dyn, row_place, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
-use kiln_core::{HeadOrder, Kernel, graph::row_info};
+use kiln_core::{Kernel, graph::row_info};
 use melior::ir::Value;
 
 /// Rows per chunk: the intra-chunk products cost `CHUNK` FMAs per row and state column on
-/// top of the `3 k_dim` every form pays, and the scratch (about 58 KiB at `k_dim` 128) stays
+/// top of the `3 k_dim` every form pays, and the scratch (about 74 KiB at `k_dim` 128) stays
 /// in L2.
 pub const CHUNK: usize = 32;
 
@@ -55,7 +56,7 @@ struct Scratch<'c, 'a> {
     vn: Value<'c, 'a>,
 }
 
-/// Where a head's q, k and v start in a `qkv` row, and the row's state geometry.
+/// A value head, where its key head's q and k start in a `qkv` row, and their width.
 #[derive(Clone, Copy)]
 struct Head<'c, 'a> {
     h: Value<'c, 'a>,
@@ -92,11 +93,7 @@ pub fn emit_delta_chunked<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>
     };
     let (start, end) = thread_range(b, b.idx(v_heads), d, 1);
     b.for_each(start, end, b.idx(1), |b, h| {
-        let kh = match order {
-            HeadOrder::Grouped => b.divui(h, b.idx(v_heads / k_heads)),
-            HeadOrder::Tiled => b.remui(h, b.idx(k_heads)),
-        };
-        let q0 = b.muli(kh, b.idx(k_dim));
+        let q0 = b.muli(key_head(b, h, order, k_heads, v_heads), b.idx(k_dim));
         let head = Head {
             h,
             q0,

@@ -83,11 +83,7 @@ pub fn emit_delta_net<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
         let h = b.divui(item, b.idx(blocks));
         let blk = b.remui(item, b.idx(blocks));
         let col = b.muli(blk, b.idx(lanes));
-        let kh = match order {
-            HeadOrder::Grouped => b.divui(h, b.idx(v_heads / k_heads)),
-            HeadOrder::Tiled => b.remui(h, b.idx(k_heads)),
-        };
-        let q0 = b.muli(kh, b.idx(k_dim));
+        let q0 = b.muli(key_head(b, h, order, k_heads, v_heads), b.idx(k_dim));
         let k0 = b.addi(b.idx(k_heads * k_dim), q0);
         let v0 = b.addi(b.idx(2 * k_heads * k_dim), b.addi(b.muli(h, b.idx(v_dim)), col));
         b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
@@ -125,6 +121,21 @@ pub fn emit_delta_net<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
             b.store(out, p[3], &[r, o0]);
         });
     });
+}
+
+/// The key head value head `h` reads: heads in groups of `v_heads / k_heads` (`transformers`),
+/// or tiled (llama.cpp's converter).
+pub(super) fn key_head<'c, 'a>(
+    b: Kb<'c, 'a>,
+    h: Value<'c, '_>,
+    order: HeadOrder,
+    k_heads: usize,
+    v_heads: usize,
+) -> Value<'c, 'a> {
+    match order {
+        HeadOrder::Grouped => b.divui(h, b.idx(v_heads / k_heads)),
+        HeadOrder::Tiled => b.remui(h, b.idx(k_heads)),
+    }
 }
 
 /// Index of vector `i` of a state slice starting at `base`.
