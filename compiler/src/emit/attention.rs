@@ -43,14 +43,17 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
     let dim = *head_dim;
     let lanes = lanes_for(dim, max_lanes);
     let group = heads / kv_heads;
+    let nvec = dim / lanes;
+    let together = heads_together(group, lanes, nvec);
     let a = Attn {
         kc,
         vc,
         kv: *kv,
         lanes,
-        nvec: dim / lanes,
+        nvec,
         scale: scale.get(),
         softcap: softcap.map(|c| c.get()),
+        grouped: together,
     };
 
     // Work items are (row, run of `together` query heads of one KV head).
@@ -104,7 +107,6 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
             }
         });
     };
-    let together = heads_together(group, lanes, a.nvec);
     if together == 1 {
         return items(b, 1);
     }
@@ -151,6 +153,10 @@ struct Attn<'c, 'a> {
     nvec: usize,
     scale: f32,
     softcap: Option<f32>,
+    /// Heads per item where rows allow grouping: every item, grouped or not, shapes each
+    /// head's softmax states as such an item does, so a head computes the same bits whatever
+    /// the rows beside it (one-row decode takes one head per item, prefill groups them).
+    grouped: usize,
 }
 
 /// How `blocked` lays out its loop-carried values: `streams` softmax states per head, each
@@ -192,7 +198,7 @@ impl<'c, 'a> Attn<'c, 'a> {
         last: Value<'c, '_>,
     ) -> Vec<State<'c, 'b>> {
         let lanes = self.lanes;
-        let streams = self.streams(qvs.len());
+        let streams = self.streams(self.grouped);
         // Two interleaved sets of value accumulators when the head is short and one stream
         // carries it, so the chains of FMAs into them are twice as many and half as long.
         let sets = if self.nvec < 8 && streams == 1 { 2 } else { 1 };

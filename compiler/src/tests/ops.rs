@@ -95,11 +95,14 @@ fn rope(rotary: Option<Rotary>, qk: Option<NormKind>, max_rows: usize) -> Kernel
     }
 }
 
-fn attention(scale: f32, softcap: Option<f32>, window: Option<usize>) -> Kernel {
+/// Heads too wide to group (Qwen3.5's and Gemma's 256): one head per item at every width.
+const WIDE_HD: usize = 256;
+
+fn attention(scale: f32, softcap: Option<f32>, window: Option<usize>, head_dim: usize) -> Kernel {
     Kernel::Attention {
         heads: HEADS,
         kv_heads: KV,
-        head_dim: HD,
+        head_dim,
         window,
         scale: F32Bits::new(scale),
         softcap: softcap.map(F32Bits::new),
@@ -164,8 +167,10 @@ fn suite() -> Vec<Kernel> {
     });
     out.push(embed());
     out.extend(rope_variants());
-    out.push(attention(0.3, Some(2.0), None));
-    out.push(attention(0.3, None, Some(5)));
+    for hd in [HD, WIDE_HD] {
+        out.push(attention(0.3, Some(2.0), None, hd));
+        out.push(attention(0.3, None, Some(5), hd));
+    }
     out
 }
 
@@ -631,18 +636,24 @@ fn rope_variants_partial_gptj_longrope_and_none() {
     }
 }
 
+/// Invariant: attention matches an f64 reference (scale, soft cap, window) at every width,
+/// for narrow heads and wide ones, and a row attended alone (too few rows to group heads: one
+/// head per item) is bitwise the same row of a call that groups them.
 #[test]
 fn attention_scale_soft_cap_and_window() {
     for lanes in widths() {
         let lib = lib(lanes);
         let mut rng = Rng(0xa77 + lanes as u64);
-        for (softcap, window) in [(Some(2.0f32), None), (None, Some(5usize))] {
-            let k = attention(0.3, softcap, window);
+        for (hd, softcap, window) in [HD, WIDE_HD]
+            .into_iter()
+            .flat_map(|hd| [(hd, Some(2.0f32), None), (hd, None, Some(5usize))])
+        {
+            let k = attention(0.3, softcap, window, hd);
             let (rows, pos) = (ROWS, 11);
-            let mut q: Vec<f32> = rng.vec(ROWS * HEADS * HD).iter().map(|v| v * 3.0).collect();
-            let mut kc: Vec<f32> = rng.vec(CTX * KV * HD);
-            let mut vc = rng.vec(CTX * KV * HD);
-            let mut out = vec![0f32; ROWS * HEADS * HD];
+            let mut q: Vec<f32> = rng.vec(ROWS * HEADS * hd).iter().map(|v| v * 3.0).collect();
+            let mut kc: Vec<f32> = rng.vec(CTX * KV * hd);
+            let mut vc = rng.vec(CTX * KV * hd);
+            let mut out = vec![0f32; ROWS * HEADS * hd];
             let mut info = super::row_info(ROWS, 0, pos, pos + ROWS);
             lib.call(
                 &k,
@@ -650,15 +661,16 @@ fn attention_scale_soft_cap_and_window() {
                 rows,
                 2,
             );
+            let what = format!("attention hd {hd} cap {softcap:?} window {window:?}, {lanes} lanes");
             for r in 0..rows {
                 for h in 0..HEADS {
                     let kvh = h / (HEADS / KV);
                     let last = pos + r;
                     let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
-                    let qs = &q[(r * HEADS + h) * HD..][..HD];
+                    let qs = &q[(r * HEADS + h) * hd..][..hd];
                     let scores: Vec<f64> = (first..=last)
                         .map(|p| {
-                            let kr = &kc[(kvh * CTX + p) * HD..][..HD];
+                            let kr = &kc[(kvh * CTX + p) * hd..][..hd];
                             let s = qs.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * 0.3f32 as f64;
                             softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
                         })
@@ -666,23 +678,39 @@ fn attention_scale_soft_cap_and_window() {
                     let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let z: f64 = e.iter().sum();
-                    let want: Vec<f64> = (0..HD)
+                    let want: Vec<f64> = (0..hd)
                         .map(|d| {
                             (first..=last)
                                 .zip(&e)
-                                .map(|(p, w)| w * vc[(kvh * CTX + p) * HD + d] as f64)
+                                .map(|(p, w)| w * vc[(kvh * CTX + p) * hd + d] as f64)
                                 .sum::<f64>()
                                 / z
                         })
                         .collect();
-                    let got = &out[(r * HEADS + h) * HD..][..HD];
-                    assert_close(
-                        got,
-                        &want,
-                        3e-6,
-                        &format!("attention cap {softcap:?} window {window:?}, {lanes} lanes"),
-                    );
+                    let got = &out[(r * HEADS + h) * hd..][..hd];
+                    assert_close(got, &want, 3e-6, &what);
                 }
+                // The row alone: too few rows to group heads, so one head per item.
+                let width = HEADS * hd;
+                let mut q1 = q[r * width..][..width].to_vec();
+                let mut out1 = vec![0f32; width];
+                let mut info1 = super::row_info(1, 0, pos + r, pos + ROWS);
+                lib.call(
+                    &k,
+                    &[
+                        ptr(&mut q1),
+                        ptr(&mut kc),
+                        ptr(&mut vc),
+                        ptr(&mut out1),
+                        ptr(&mut info1),
+                    ],
+                    1,
+                    2,
+                );
+                assert!(
+                    out1 == out[r * width..][..width],
+                    "{what}: row {r} alone differs from the grouped call"
+                );
             }
         }
     }
