@@ -382,8 +382,8 @@ impl Model for Paced<'_> {
     }
 }
 
-/// The longest common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// The longest common prefix of `a` and `b` (also `kiln serve`'s, for slot reuse).
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

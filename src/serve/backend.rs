@@ -3,6 +3,7 @@
 //! then queued for the engine thread ([`super::scheduler`]).
 
 use super::scheduler::{Counters, Job};
+use crate::chat::common_prefix;
 use kiln_server::{Backend, BackendStats, GenEvent, GenRequest, Prompt, SamplingRequest, SubmitError};
 use kiln_text::chat_template::{ChatTemplate, Message, RenderOptions};
 use kiln_text::generate::prompt_opens_thinking;
@@ -87,7 +88,7 @@ impl KilnBackend {
                     };
                     let history = template.render(&messages, &options).ok()?;
                     let history = self.tokenizer.encode(&history, false).ok()?;
-                    Some(history.iter().zip(&ids).take_while(|(a, b)| a == b).count())
+                    Some(common_prefix(&history, &ids))
                 });
                 Ok((ids, prompt_opens_thinking(&text), history_end.flatten()))
             }

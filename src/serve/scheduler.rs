@@ -14,6 +14,7 @@
 //! batched step are bitwise those of a step of its sequence alone (see
 //! `Engine::decode_batch`), and each request has its own sampler and seed.
 
+use crate::chat::common_prefix;
 use kiln_engine::engine::{Engine, StepPart};
 use kiln_server::{FinishReason, GenEvent, Usage};
 use kiln_text::generate::{Part, StopStrings, ThinkFilter};
@@ -183,10 +184,6 @@ fn admit(
     }
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 /// What one slot contributes to a step.
 enum Work {
     /// Its last sampled token.
@@ -222,7 +219,8 @@ fn step(engine: &mut Engine, slots: &mut [Slot], counters: &Counters, cfg: &Sche
         }
         let a = slots[i].active.as_ref().expect("an active slot");
         let mut end = (a.prefilled + budget).min(a.job.prompt.len());
-        // A chunk stops where the state is to be saved (the split is neutral to rounding).
+        // A chunk stops where the state is to be saved (moving the delta rule's chunk
+        // boundaries there changes the logits only to rounding).
         if let Some(c) = a.job.checkpoint_at.filter(|&c| a.prefilled < c && c < end) {
             end = c;
         }
