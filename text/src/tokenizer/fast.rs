@@ -5,27 +5,30 @@
 //! generic JSON (a B-tree of strings) and only then turned into the BPE model. For a 150k-token
 //! vocabulary (Qwen, Llama 3) that is ~0.3 s of a warm start that otherwise takes ~0.05 s.
 //!
-//! This reader parses the file once, straight into the BPE builder's vocabulary map and merge
-//! list, and reads everything else (normalizer, pre-tokenizer, post-processor, decoder, added
-//! tokens: a few kilobytes) with the crate's own types; then it assembles the tokenizer exactly
-//! as the crate's deserializer does (same builder calls, added tokens added after the model in
-//! file order). Anything it does not recognise — another model type, a malformed field —
+//! This reader parses the file once, straight into the flat tables of
+//! [`super::bpe_table`] (no string is allocated per token, the merges are resolved to ids
+//! once), and reads everything else (normalizer, pre-tokenizer, post-processor, decoder,
+//! added tokens: a few kilobytes) with the crate's own types; then it assembles the
+//! tokenizer exactly as the crate's deserializer does (same builder calls, added tokens added
+//! after the model in file order). Anything it does not recognise — another model type, a malformed field —
 //! makes it return `None`, and the caller falls back to the crate's reader, which also gives
 //! the canonical error message. `tests::fast_reader_builds_the_same_tokenizer` checks that both
 //! readers serialise to the same JSON and encode alike.
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::fmt;
-use tokenizers::models::bpe::{BPE, Merges, Vocab};
 use tokenizers::{
-    AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
-    TokenizerBuilder,
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder,
 };
 
+use super::bpe_table::{BpeOptions, BpeTable, TableBuilder};
+use super::engine::{Engine, KilnModel};
+
 /// Reads a `tokenizer.json` whose model is BPE; `None` when the fast path does not apply.
-pub fn from_bytes(json: &[u8]) -> Option<tokenizers::Tokenizer> {
+pub fn from_bytes(json: &[u8]) -> Option<Engine> {
     let file: File = serde_json::from_slice(json).ok()?;
     let FastModel::Bpe(bpe) = file.model? else {
         return None;
@@ -35,14 +38,13 @@ pub fn from_bytes(json: &[u8]) -> Option<tokenizers::Tokenizer> {
 
 /// The tokenizer a BPE `tokenizer.json` with these parts describes, built without the JSON
 /// text: what [`from_bytes`] builds from that text. `None` where it would decline.
-pub fn from_parts(parts: BpeParts) -> Option<tokenizers::Tokenizer> {
+pub fn from_parts(parts: BpeParts) -> Option<Engine> {
     let mut options = parts.options;
     options.insert("type".into(), Value::String("BPE".into()));
     let FastModel::Bpe(mut bpe) = serde_json::from_value(Value::Object(options)).ok()? else {
         return None;
     };
-    bpe.vocab = Some(parts.vocab);
-    bpe.merges = Some(parts.merges);
+    bpe.table = parts.table;
     let rest: Vec<(String, Value)> = parts.rest.into_iter().collect();
     assemble(bpe.build()?, &rest)
 }
@@ -54,42 +56,33 @@ pub fn from_parts(parts: BpeParts) -> Option<tokenizers::Tokenizer> {
 pub struct BpeParts {
     rest: serde_json::Map<String, Value>,
     options: serde_json::Map<String, Value>,
-    vocab: Vocab,
-    merges: Merges,
+    table: TableBuilder,
 }
 
 impl BpeParts {
-    /// The parts; a text repeated in `vocab` keeps its last id, as in a JSON object. The map
-    /// and the merge list are made on two threads (each is 150k owned strings for Qwen).
+    /// The parts; a text repeated in `vocab` keeps its last id, as in a JSON object.
     pub fn new<'a>(
         rest: serde_json::Map<String, Value>,
         options: serde_json::Map<String, Value>,
-        vocab: impl ExactSizeIterator<Item = (&'a str, u32)> + Send,
-        merges: impl Iterator<Item = (&'a str, &'a str)>,
+        vocab: impl ExactSizeIterator<Item = (&'a str, u32)>,
+        merges: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
     ) -> Self {
-        let (vocab, merges) = std::thread::scope(|s| {
-            let map = s.spawn(|| {
-                let mut map = Vocab::with_capacity(vocab.len());
-                for (text, id) in vocab {
-                    map.insert(text.to_string(), id);
-                }
-                map
-            });
-            let merges: Merges = merges.map(|(a, b)| (a.to_string(), b.to_string())).collect();
-            (map.join().expect("building a vocabulary map does not panic"), merges)
-        });
-        BpeParts {
-            rest,
-            options,
-            vocab,
-            merges,
+        let mut table = TableBuilder::with_capacity(vocab.len(), merges.len());
+        for (text, id) in vocab {
+            table.add_token(text, id);
         }
+        for (a, b) in merges {
+            table.add_merge(a, b);
+        }
+        table.has_vocab = true;
+        table.has_merges = true;
+        BpeParts { rest, options, table }
     }
 }
 
 /// The tokenizer of a BPE `model` and the other top-level sections of its file, assembled as
 /// the crate's deserializer does.
-fn assemble(model: BPE, rest: &[(String, Value)]) -> Option<tokenizers::Tokenizer> {
+fn assemble(model: BpeTable, rest: &[(String, Value)]) -> Option<Engine> {
     let section = |name: &str| rest.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     if let Some(v) = section("version")
         && v.as_str() != Some("1.0")
@@ -110,13 +103,13 @@ fn assemble(model: BPE, rest: &[(String, Value)]) -> Option<tokenizers::Tokenize
     let added: Vec<AddedToken> = part(section("added_tokens"))?.unwrap_or_default();
     // Truncation and padding are turned off by the caller whatever the file says.
     let mut tok = TokenizerBuilder::<
-        ModelWrapper,
+        KilnModel,
         NormalizerWrapper,
         PreTokenizerWrapper,
         PostProcessorWrapper,
         DecoderWrapper,
     >::new()
-    .with_model(ModelWrapper::BPE(model))
+    .with_model(KilnModel::Table(model))
     .with_normalizer(normalizer)
     .with_pre_tokenizer(pre_tokenizer)
     .with_post_processor(post_processor)
@@ -126,7 +119,7 @@ fn assemble(model: BPE, rest: &[(String, Value)]) -> Option<tokenizers::Tokenize
     .build()
     .ok()?;
     tok.add_tokens(added).ok()?;
-    Some(tok.into())
+    Some(tok)
 }
 
 /// The top level: the model read by [`FastModel`], every other section kept as JSON.
@@ -164,7 +157,7 @@ impl<'de> Deserialize<'de> for File {
 }
 
 enum FastModel {
-    Bpe(BpeFields),
+    Bpe(Box<BpeFields>),
     /// Another model type: left to the crate's reader.
     Other,
 }
@@ -172,42 +165,17 @@ enum FastModel {
 /// The fields of a BPE model section, as the crate's BPE reader takes them.
 #[derive(Default)]
 struct BpeFields {
-    vocab: Option<Vocab>,
-    merges: Option<Merges>,
-    dropout: Option<f32>,
-    unk_token: Option<String>,
-    continuing_subword_prefix: Option<String>,
-    end_of_word_suffix: Option<String>,
-    fuse_unk: Option<bool>,
-    byte_fallback: Option<bool>,
-    ignore_merges: Option<bool>,
+    table: TableBuilder,
+    options: BpeOptions,
 }
 
 impl BpeFields {
-    fn build(self) -> Option<BPE> {
-        let mut b = BPE::builder().vocab_and_merges(self.vocab?, self.merges?);
-        if let Some(v) = self.dropout {
-            b = b.dropout(v);
+    /// The table; `None` without a vocabulary or merges, or where the table declines.
+    fn build(self) -> Option<BpeTable> {
+        if !(self.table.has_vocab && self.table.has_merges) {
+            return None;
         }
-        if let Some(v) = self.unk_token {
-            b = b.unk_token(v);
-        }
-        if let Some(v) = self.continuing_subword_prefix {
-            b = b.continuing_subword_prefix(v);
-        }
-        if let Some(v) = self.end_of_word_suffix {
-            b = b.end_of_word_suffix(v);
-        }
-        if let Some(v) = self.fuse_unk {
-            b = b.fuse_unk(v);
-        }
-        if let Some(v) = self.byte_fallback {
-            b = b.byte_fallback(v);
-        }
-        if let Some(v) = self.ignore_merges {
-            b = b.ignore_merges(v);
-        }
-        b.build().ok()
+        self.table.finish(self.options)
     }
 }
 
@@ -233,84 +201,144 @@ impl<'de> Deserialize<'de> for FastModel {
                             }
                             bpe = true;
                         }
-                        "vocab" => f.vocab = Some(map.next_value()?),
-                        "merges" => f.merges = Some(map.next_value::<MergeList>()?.0),
-                        "dropout" => f.dropout = map.next_value()?,
-                        "unk_token" => f.unk_token = map.next_value()?,
-                        "continuing_subword_prefix" => f.continuing_subword_prefix = map.next_value()?,
-                        "end_of_word_suffix" => f.end_of_word_suffix = map.next_value()?,
-                        "fuse_unk" => f.fuse_unk = map.next_value()?,
-                        "byte_fallback" => f.byte_fallback = map.next_value()?,
-                        "ignore_merges" => f.ignore_merges = map.next_value()?,
+                        "vocab" => {
+                            map.next_value_seed(VocabSeed(&mut f.table))?;
+                            f.table.has_vocab = true;
+                        }
+                        "merges" => {
+                            map.next_value_seed(MergesSeed(&mut f.table))?;
+                            f.table.has_merges = true;
+                        }
+                        "dropout" => f.options.dropout = map.next_value()?,
+                        "unk_token" => f.options.unk_token = map.next_value()?,
+                        "continuing_subword_prefix" => f.options.continuing_subword_prefix = map.next_value()?,
+                        "end_of_word_suffix" => f.options.end_of_word_suffix = map.next_value()?,
+                        "fuse_unk" => f.options.fuse_unk = map.next_value()?,
+                        "byte_fallback" => f.options.byte_fallback = map.next_value()?,
+                        "ignore_merges" => f.options.ignore_merges = map.next_value()?,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
                     }
                 }
                 // A section without "type" is a legacy file: the crate guesses its model.
-                Ok(if bpe { FastModel::Bpe(f) } else { FastModel::Other })
+                Ok(if bpe {
+                    FastModel::Bpe(Box::new(f))
+                } else {
+                    FastModel::Other
+                })
             }
         }
         d.deserialize_map(V)
     }
 }
 
-/// Merges as `[["a", "b"], ...]` or the legacy `["a b", ...]` (lines starting `#version`
-/// skipped, exactly two space-separated parts each), as the crate reads them.
-struct MergeList(Merges);
+/// A string, borrowed from the input where it has no escapes.
+struct Text<'de>(Cow<'de, str>);
 
-impl<'de> Deserialize<'de> for MergeList {
+impl<'de> Deserialize<'de> for Text<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = MergeList;
+            type Value = Text<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of merges")
+                f.write_str("a string")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MergeList, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(m) = seq.next_element::<Merge>()? {
-                    if let Some(pair) = m.0 {
-                        out.push(pair);
-                    }
-                }
-                Ok(MergeList(out))
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s)))
             }
         }
-        d.deserialize_seq(V)
+        d.deserialize_str(V)
     }
 }
 
-/// One merge; `None` for a `#version` line of the legacy form.
-struct Merge(Option<(String, String)>);
+/// The vocabulary object, read into the table builder.
+struct VocabSeed<'a>(&'a mut TableBuilder);
 
-impl<'de> Deserialize<'de> for Merge {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Merge;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a merge: \"a b\" or [\"a\", \"b\"]")
-            }
-            fn visit_str<E: de::Error>(self, line: &str) -> Result<Merge, E> {
-                if line.starts_with("#version") {
-                    return Ok(Merge(None));
-                }
-                let mut parts = line.split(' ');
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(a), Some(b), None) => Ok(Merge(Some((a.to_string(), b.to_string())))),
-                    _ => Err(E::custom("a legacy merge is two space-separated tokens")),
-                }
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Merge, A::Error> {
-                let a: String = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
-                let b: String = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
-                if seq.next_element::<IgnoredAny>()?.is_some() {
-                    return Err(de::Error::invalid_length(3, &self));
-                }
-                Ok(Merge(Some((a, b))))
-            }
+impl<'de> DeserializeSeed<'de> for VocabSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VocabSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a vocabulary object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some((text, id)) = map.next_entry::<Text, u32>()? {
+            self.0.add_token(&text.0, id);
         }
-        d.deserialize_any(V)
+        Ok(())
+    }
+}
+
+/// Merges as `[["a", "b"], ...]` or the legacy `["a b", ...]` (lines starting `#version`
+/// skipped, exactly two space-separated parts each), as the crate reads them, read into the
+/// table builder.
+struct MergesSeed<'a>(&'a mut TableBuilder);
+
+impl<'de> DeserializeSeed<'de> for MergesSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MergesSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of merges")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(MergeSeed(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One merge; a `#version` line of the legacy form is skipped.
+struct MergeSeed<'a>(&'a mut TableBuilder);
+
+impl<'de> DeserializeSeed<'de> for MergeSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MergeSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a merge: \"a b\" or [\"a\", \"b\"]")
+    }
+    fn visit_str<E: de::Error>(self, line: &str) -> Result<(), E> {
+        if line.starts_with("#version") {
+            return Ok(());
+        }
+        let mut parts = line.split(' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), None) => {
+                self.0.add_merge(a, b);
+                Ok(())
+            }
+            _ => Err(E::custom("a legacy merge is two space-separated tokens")),
+        }
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let a: Text = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
+        let b: Text = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(de::Error::invalid_length(3, &self));
+        }
+        self.0.add_merge(&a.0, &b.0);
+        Ok(())
     }
 }

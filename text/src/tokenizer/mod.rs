@@ -45,7 +45,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokenizers::AddedToken;
 
+mod bpe_table;
 mod config;
+mod engine;
 #[cfg(test)]
 mod expected;
 mod fast;
@@ -57,6 +59,7 @@ pub use fast::BpeParts;
 pub use stream::TextStreamer;
 
 use config::{TokenSpec, TokenizerConfig, generation_eos_ids};
+use engine::Engine;
 
 /// Why a tokenizer could not be loaded or used. The message is one line naming the file and
 /// the problem.
@@ -111,7 +114,7 @@ pub struct Tokenizer {
 }
 
 struct Inner {
-    tok: tokenizers::Tokenizer,
+    tok: Engine,
     bos_token: Option<String>,
     bos_token_id: Option<u32>,
     eos_token: Option<String>,
@@ -252,17 +255,21 @@ impl Tokenizer {
             if value.pointer("/model/type").and_then(Value::as_str) == Some("BPE") {
                 rebuild_llama(&mut value, &config);
             }
-            serde_json::from_value::<tokenizers::Tokenizer>(value.clone()).map_err(|e| load_error(file, &value, e))?
+            let tok = serde_json::from_value::<tokenizers::Tokenizer>(value.clone())
+                .map_err(|e| load_error(file, &value, e))?;
+            from_crate(file, tok)?
         } else if let Some(tok) = fast::from_bytes(json) {
             tok
         } else {
-            tokenizers::Tokenizer::from_bytes(json).map_err(|e| match serde_json::from_slice::<Value>(json) {
-                Err(json_error) => TokenizerError::Json {
-                    file: file.to_string(),
-                    message: json_error.to_string(),
-                },
-                Ok(value) => load_error(file, &value, e),
-            })?
+            let tok =
+                tokenizers::Tokenizer::from_bytes(json).map_err(|e| match serde_json::from_slice::<Value>(json) {
+                    Err(json_error) => TokenizerError::Json {
+                        file: file.to_string(),
+                        message: json_error.to_string(),
+                    },
+                    Ok(value) => load_error(file, &value, e),
+                })?;
+            from_crate(file, tok)?
         };
         Tokenizer::finish(file, tok, config, template_file, generation_eos)
     }
@@ -271,7 +278,7 @@ impl Tokenizer {
     /// off, the config's tokens added, its special ids and chat templates recorded.
     fn finish(
         file: &str,
-        mut tok: tokenizers::Tokenizer,
+        mut tok: Engine,
         config: TokenizerConfig,
         template_file: Option<String>,
         generation_eos: &[u32],
@@ -444,6 +451,14 @@ impl Tokenizer {
     }
 }
 
+/// The crate's tokenizer `tok`, read from `file`, as an [`Engine`].
+fn from_crate(file: &str, tok: tokenizers::Tokenizer) -> Result<Engine, TokenizerError> {
+    engine::from_crate(tok).map_err(|e| TokenizerError::Invalid {
+        file: file.to_string(),
+        message: one_line(e),
+    })
+}
+
 /// The error for a `tokenizer.json` that is valid JSON but that the library refused.
 fn load_error(file: &str, value: &Value, e: impl fmt::Display) -> TokenizerError {
     const MODELS: [&str; 4] = ["BPE", "WordPiece", "WordLevel", "Unigram"];
@@ -515,7 +530,7 @@ fn rebuild_llama(value: &mut Value, config: &TokenizerConfig) {
 /// Adds the tokens `tokenizer_config.json` names that `tokenizer.json` does not have among its
 /// added tokens, in `transformers`' order: `added_tokens_decoder` by id, the named special
 /// tokens, then the extra special tokens.
-fn add_config_tokens(tok: &mut tokenizers::Tokenizer, config: &TokenizerConfig) -> tokenizers::Result<()> {
+fn add_config_tokens(tok: &mut Engine, config: &TokenizerConfig) -> tokenizers::Result<()> {
     let mut present: HashSet<String> = tok
         .get_added_tokens_decoder()
         .into_values()

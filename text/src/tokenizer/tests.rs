@@ -870,3 +870,52 @@ fn fast_reader_builds_the_same_tokenizer() {
     assert!(fast::from_bytes(br#"{"model": {"type": "BPE", "vocab": {}, "merges": ["a b c"]}}"#).is_none());
     assert!(fast::from_bytes(b"not json").is_none());
 }
+
+/// The flat-table BPE gives the crate's ids and offsets on the corner cases of `merge_word`
+/// and `merge_all`: a pair listed twice (the later rank wins), unknown characters fused or
+/// not, byte fallback with a byte missing, `ignore_merges`, repeated pairs ("aaaa"), empty
+/// prefix/suffix strings; and it declines what it does not implement.
+#[test]
+fn flat_table_bpe_matches_the_crate_on_corner_cases() {
+    let model = |extra: &str| {
+        format!(
+            r#"{{"version": "1.0", "model": {{"type": "BPE", {extra} "vocab": {{"a": 0, "b": 1, "ab": 2, "aa": 3,
+            "aaa": 4, "<unk>": 5, "<0x63>": 6, "ba": 7, "bab": 8, "aab": 9}},
+            "merges": [["a", "a"], ["a", "b"], ["b", "a"], ["a", "a"], ["aa", "a"], ["ba", "b"], ["aa", "b"]]}}}}"#
+        )
+    };
+    let options = [
+        r#""unk_token": "<unk>", "fuse_unk": true,"#,
+        r#""unk_token": "<unk>", "fuse_unk": false,"#,
+        r#""unk_token": "<unk>", "byte_fallback": true,"#,
+        r#""ignore_merges": true, "continuing_subword_prefix": "", "end_of_word_suffix": "","#,
+        r#""dropout": 0.0,"#,
+    ];
+    for extra in options {
+        let json = model(extra);
+        let slow = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        let fast = fast::from_bytes(json.as_bytes()).unwrap_or_else(|| panic!("{extra}: declined"));
+        assert_eq!(
+            fast.to_string(false).unwrap(),
+            slow.to_string(false).unwrap(),
+            "{extra}"
+        );
+        for text in [
+            "aaaa", "ababab", "baab", "aaab", "xxc", "cxa", "aabab", "abxxba", "", "c",
+        ] {
+            let (a, b) = (fast.encode(text, false).unwrap(), slow.encode(text, false).unwrap());
+            assert_eq!(a.get_ids(), b.get_ids(), "{extra} {text:?}");
+            assert_eq!(a.get_offsets(), b.get_offsets(), "{extra} {text:?}");
+        }
+    }
+    for declined in [
+        r#""dropout": 0.5,"#,
+        r###""continuing_subword_prefix": "##","###,
+        r#""end_of_word_suffix": "</w>","#,
+    ] {
+        assert!(fast::from_bytes(model(declined).as_bytes()).is_none(), "{declined}");
+    }
+    // Two texts with one id cannot be written back in id order: declined.
+    let shared_id = r#"{"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}}"#;
+    assert!(fast::from_bytes(shared_id.as_bytes()).is_none());
+}
