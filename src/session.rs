@@ -13,6 +13,7 @@ use kiln_engine::library::{KernelLibrary, LibraryError};
 use kiln_formats::hub;
 use kiln_formats::loader::{self, LoadOptions, ModelFormat};
 use kiln_text::sampler::SamplingChoice;
+use kiln_text::tokenizer::TableCache;
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -445,6 +446,12 @@ impl PreparedModel {
                 dequantize: opts.dequantize,
                 // Under a budget, weights are paged in only as the plan reads them.
                 page_in: opts.page_in && opts.ram_budget.is_none(),
+                // Without a cache folder the tokenizer is built each time, as it would be.
+                tokenizer_cache: opts
+                    .cache_dir
+                    .clone()
+                    .or_else(|| Cache::default_root().ok())
+                    .map(|root| TableCache::in_folder(root.join(kiln_cache::TOKENIZER_TABLES))),
             },
         )?;
         if opts.progress {

@@ -20,6 +20,10 @@ use crate::verify::{self, LibraryKind};
 pub const META_FILE: &str = "meta.json";
 
 /// Prefix of the folders builds are written into before they are renamed into place.
+/// The folder of built tokenizer tables (`kiln_text::tokenizer::TableCache`): files that save
+/// a tokenizer's build, removed with everything else by [`Cache::clean_all`].
+pub const TOKENIZER_TABLES: &str = "tokenizers";
+
 const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
 const TRASH_PREFIX: &str = ".trash-";
@@ -422,8 +426,8 @@ impl Cache {
         Ok(Removed { key, bytes_on_disk })
     }
 
-    /// Empties the cache: every entry, leftovers of interrupted processes, and the lock files no
-    /// process holds.
+    /// Empties the cache: every entry, the tokenizer tables, leftovers of interrupted processes,
+    /// and the lock files no process holds.
     ///
     /// Entries are removed under their lock (waiting for a build of the same key to finish);
     /// staging folders of builds in progress are left alone and reported in
@@ -443,6 +447,12 @@ impl Cache {
             if lock.unlink() {
                 report.locks_removed += 1;
             }
+        }
+
+        let tables = self.root.join(TOKENIZER_TABLES);
+        if fs::symlink_metadata(&tables).is_ok() {
+            report.bytes_freed += disk_usage(&tables);
+            remove_path(&tables).map_err(CacheError::io("cannot delete", &tables))?;
         }
 
         let stale = self.remove_stale(None)?;

@@ -46,7 +46,10 @@ mod key;
 mod verify;
 
 pub use active::remove_active_staging;
-pub use cache::{BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status};
+pub use cache::{
+    BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, Removed, Status,
+    TOKENIZER_TABLES,
+};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
 pub use verify::{LibraryKind, LoadCheck};

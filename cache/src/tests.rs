@@ -1034,3 +1034,15 @@ fn error_messages_are_single_lines_naming_what_is_wrong() {
         assert!(std::error::Error::source(&err).is_none(), "{message}");
     }
 }
+
+/// `clean_all` also empties the tokenizer-table folder, counting its bytes as freed.
+#[test]
+fn clean_all_removes_the_tokenizer_tables() {
+    let (_tmp, cache) = new_cache();
+    let tables = cache.root().join(crate::TOKENIZER_TABLES);
+    fs::create_dir_all(&tables).unwrap();
+    fs::write(tables.join("0123.bpe"), vec![7u8; 5000]).unwrap();
+    let report = cache.clean_all().unwrap();
+    assert!(!tables.exists());
+    assert!(report.bytes_freed >= 5000, "{report:?}");
+}

@@ -4,6 +4,7 @@
 
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
+use crate::page_in::Pager;
 use crate::pread::{self, Stored};
 use crate::reorder::Reordered;
 use kiln_core::files::{self, FileKind};
@@ -12,7 +13,7 @@ use kiln_core::{DType, ModelSpec, WeightId};
 use kiln_engine::buffers::AlignedBuf;
 use kiln_engine::engine::WeightSource;
 use kiln_text::sampler::SamplingChoice;
-use kiln_text::tokenizer::{Tokenizer, TokenizerError};
+use kiln_text::tokenizer::{TableCache, Tokenizer, TokenizerError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -58,13 +59,16 @@ pub struct Model {
 }
 
 /// How to load a model.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// Convert every quantised tensor to this float type at load (`--dequantize bf16|f32`).
     pub dequantize: Option<DType>,
     /// Map the weights' pages in while the tokenizer is built (see [`crate::page_in`]): for a
     /// model about to run; `compile` and `info`, which read only headers, leave it off.
     pub page_in: bool,
+    /// Where built tokenizer tables are kept between runs (see `TableCache`); `None` builds
+    /// them every time.
+    pub tokenizer_cache: Option<TableCache>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,18 +110,19 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
                 path: path.to_path_buf(),
             })
         }
-        _ => load_safetensors(path, opts.page_in),
+        _ => load_safetensors(path, opts),
     }
 }
 
-fn load_safetensors(path: &Path, page_in: bool) -> Result<Model, LoadError> {
+fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
+    let pager = Pager::new(loaded.weights.mapped().filter(|_| opts.page_in));
     let tokenizer = std::thread::scope(|s| {
-        if page_in {
-            s.spawn(|| loaded.weights.page_in());
-        }
-        Tokenizer::from_dir(&loaded.dir)
+        s.spawn(|| pager.work());
+        let tokenizer = Tokenizer::from_dir_cached(&loaded.dir, opts.tokenizer_cache.as_ref());
+        pager.work();
+        tokenizer
     })?;
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
     let notes = unread_parts(&loaded.dir, loaded.weights.names());
@@ -138,7 +143,7 @@ fn load_safetensors(path: &Path, page_in: bool) -> Result<Model, LoadError> {
 }
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
-    let g = gguf::load_with(path, opts.page_in)?;
+    let g = gguf::load_with(path, opts.page_in, opts.tokenizer_cache.as_ref())?;
     let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;
@@ -542,6 +547,7 @@ mod tests {
         let opts = LoadOptions {
             dequantize: Some(DType::F32),
             page_in: false,
+            tokenizer_cache: None,
         };
         let m = load(&path, &opts).unwrap();
         assert!(!m.converted.is_empty());

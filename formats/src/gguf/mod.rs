@@ -57,7 +57,7 @@ pub use weights::{GgufTensor, GgufWeights};
 
 use kiln_core::ModelSpec;
 use kiln_core::files;
-use kiln_text::tokenizer::Tokenizer;
+use kiln_text::tokenizer::{TableCache, Tokenizer};
 use memmap2::Mmap;
 use std::fs::File;
 use std::io::Read;
@@ -128,12 +128,12 @@ pub fn open_file(path: &Path) -> Result<(File, Mmap, GgufHeader), GgufError> {
 /// q/k rows reordered) and tokenizer. `path` may be the first part of a split model (see
 /// [`split`]).
 pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
-    load_with(path, false)
+    load_with(path, false, None)
 }
 
 /// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in`
-/// (see [`crate::page_in`]).
-pub fn load_with(path: &Path, page_in: bool) -> Result<LoadedGguf, GgufError> {
+/// (see [`crate::page_in`]), and the tokenizer's tables kept in `tokenizer_cache`.
+pub fn load_with(path: &Path, page_in: bool, tokenizer_cache: Option<&TableCache>) -> Result<LoadedGguf, GgufError> {
     let files = split::open_model(path)?;
     let bytes: Vec<&[u8]> = files.maps.iter().map(|m| &m[..]).collect();
     let spec = model::spec_from_parts(&files.header, &bytes, path)?;
@@ -149,11 +149,12 @@ pub fn load_with(path: &Path, page_in: bool) -> Result<LoadedGguf, GgufError> {
         });
     }
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
+    let pager = crate::page_in::Pager::new(files.maps.iter().map(|m| &m[..]).filter(|_| page_in));
     let tokenizer = std::thread::scope(|s| {
-        if page_in {
-            s.spawn(|| files.maps.iter().for_each(|m| crate::page_in::page_in(m)));
-        }
-        tokenizer::build_tokenizer(&vocab, path)
+        s.spawn(|| pager.work());
+        let tokenizer = tokenizer::build_tokenizer_cached(&vocab, path, tokenizer_cache);
+        pager.work();
+        tokenizer
     })?;
     let parts = files.paths.clone();
     let weights = GgufWeights::from_files(files, &spec)?;

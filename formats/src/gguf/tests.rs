@@ -442,6 +442,33 @@ fn direct_and_json_routes_build_the_same_tokenizer() {
     }
 }
 
+/// A GGUF tokenizer read back from its table file is the one built from the metadata, for
+/// every fixture vocabulary; the entry is keyed by the GGUF file, so two files never share one.
+#[test]
+fn gguf_tokenizer_from_its_table_file_is_the_built_one() {
+    let cache_root = tempfile::tempdir().unwrap();
+    let cache = kiln_text::tokenizer::TableCache::in_folder(cache_root.path());
+    let all = read_json("tokens.json");
+    let mut entries = std::collections::HashSet::new();
+    for file in all.as_object().unwrap().keys() {
+        let path = fixture(file);
+        let bytes = std::fs::read(&path).unwrap();
+        let header = GgufHeader::parse(&bytes, &path).unwrap();
+        let vocab = vocab_from_header(&header, &path).unwrap();
+        let built = build_tokenizer(&vocab, &path).unwrap();
+        let first = super::tokenizer::build_tokenizer_cached(&vocab, &path, Some(&cache)).unwrap();
+        let read = super::tokenizer::build_tokenizer_cached(&vocab, &path, Some(&cache)).unwrap();
+        assert_eq!(first.fingerprint(), built.fingerprint(), "{file}");
+        assert_eq!(read.fingerprint(), built.fingerprint(), "{file}");
+        entries.extend(std::fs::read_dir(cache_root.path()).unwrap().map(|e| e.unwrap().path()));
+    }
+    assert_eq!(
+        entries.len(),
+        all.as_object().unwrap().len(),
+        "one table file per GGUF file"
+    );
+}
+
 #[test]
 fn decoding_inverts_encoding_on_fixture_vocabularies() {
     let all = read_json("tokens.json");

@@ -38,7 +38,7 @@ use super::error::GgufError;
 use super::model::Meta;
 use super::parse::{Array, GgufHeader, Value};
 use super::tokenizer_doc::TokenizerDoc;
-use kiln_text::tokenizer::Tokenizer;
+use kiln_text::tokenizer::{TableCache, Tokenizer, TokenizerError};
 use serde_json::{Map, Value as Json, json};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -592,10 +592,28 @@ fn tokenizer_config(vocab: &GgufVocab) -> Json {
 /// (the `tokenizer.json` it stands for is then never written), else through that JSON text.
 /// Both give the same tokenizer (`tests::direct_and_json_routes_build_the_same_tokenizer`).
 pub fn build_tokenizer(vocab: &GgufVocab, path: &Path) -> Result<Tokenizer, GgufError> {
-    let doc = tokenizer_json(vocab, path)?;
+    build_tokenizer_cached(vocab, path, None)
+}
+
+/// [`build_tokenizer`], its BPE tables kept in `cache`, keyed by the GGUF file and the code
+/// that turns GGUF metadata into a tokenizer (this file and `tokenizer_doc.rs`).
+pub fn build_tokenizer_cached(
+    vocab: &GgufVocab,
+    path: &Path,
+    cache: Option<&TableCache>,
+) -> Result<Tokenizer, GgufError> {
     let config = serde_json::to_vec(&tokenizer_config(vocab)).map_err(|e| tok_err(path, e.to_string()))?;
+    let salt = [include_str!("tokenizer.rs"), include_str!("tokenizer_doc.rs")].concat();
+    let entry = cache.and_then(|c| c.entry(path, &salt));
+    let err = |e: TokenizerError| tok_err(path, e.to_string());
+    if let Some(entry) = &entry
+        && let Some(tok) = Tokenizer::from_table_file(entry, Some(&config)).map_err(err)?
+    {
+        return Ok(tok);
+    }
+    let doc = tokenizer_json(vocab, path)?;
     if let Some(tok) =
-        Tokenizer::from_bpe_parts(doc.bpe_parts(), Some(&config)).map_err(|e| tok_err(path, e.to_string()))?
+        Tokenizer::from_bpe_parts_cached(doc.bpe_parts(), Some(&config), entry.as_deref()).map_err(err)?
     {
         return Ok(tok);
     }

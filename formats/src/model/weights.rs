@@ -114,11 +114,9 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Maps every weight file's pages in now ([`crate::page_in::page_in`]).
-    pub fn page_in(&self) {
-        for f in &self.files {
-            crate::page_in::page_in(&f.map);
-        }
+    /// The mapped bytes of every weight file (for [`crate::page_in::Pager`]).
+    pub fn mapped(&self) -> impl Iterator<Item = &[u8]> {
+        self.files.iter().map(|f| &f.map[..])
     }
 
     /// Opens the weights of the model folder `dir`: `model.safetensors` if it exists (as

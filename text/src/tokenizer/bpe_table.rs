@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use tokenizers::Token;
 
 /// The options of a BPE model section, as `tokenizer.json` names them.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct BpeOptions {
     pub dropout: Option<f32>,
     pub unk_token: Option<String>,
@@ -37,20 +37,20 @@ pub struct BpeOptions {
 
 /// One vocabulary text: `len` bytes at `start` of [`BpeTable::text`], and its id.
 #[derive(Clone, Copy)]
-struct Entry {
-    start: u32,
-    len: u32,
-    id: u32,
+pub(super) struct Entry {
+    pub(super) start: u32,
+    pub(super) len: u32,
+    pub(super) id: u32,
 }
 
 /// One merge: the pair of ids, its rank (its index in the merge list) and the id of the
 /// merged text. `rank == u32::MAX` marks an empty slot.
 #[derive(Clone, Copy)]
-struct MergeSlot {
-    left: u32,
-    right: u32,
-    rank: u32,
-    new_id: u32,
+pub(super) struct MergeSlot {
+    pub(super) left: u32,
+    pub(super) right: u32,
+    pub(super) rank: u32,
+    pub(super) new_id: u32,
 }
 
 const EMPTY_MERGE: MergeSlot = MergeSlot {
@@ -59,21 +59,21 @@ const EMPTY_MERGE: MergeSlot = MergeSlot {
     rank: u32::MAX,
     new_id: 0,
 };
-const NO_ENTRY: u32 = u32::MAX;
+pub(super) const NO_ENTRY: u32 = u32::MAX;
 
 /// The BPE model; see the module documentation.
 #[derive(Clone)]
 pub struct BpeTable {
-    text: Vec<u8>,
-    entries: Vec<Entry>,
+    pub(super) text: Vec<u8>,
+    pub(super) entries: Vec<Entry>,
     /// Open addressing on the text hash: entry index + 1, 0 for an empty slot.
-    slots: Vec<u32>,
+    pub(super) slots: Vec<u32>,
     /// Entry index of each id, [`NO_ENTRY`] for a hole.
-    by_id: Vec<u32>,
-    merges: Vec<MergeSlot>,
+    pub(super) by_id: Vec<u32>,
+    pub(super) merges: Vec<MergeSlot>,
     /// The id of `<0xXX>` for each byte, for byte fallback.
     byte_ids: Vec<Option<u32>>,
-    options: BpeOptions,
+    pub(super) options: BpeOptions,
 }
 
 /// A hash of a token text; the index is taken from its high bits.
@@ -95,16 +95,44 @@ fn pair_hash(left: u32, right: u32) -> u64 {
     ((u64::from(left) << 32) | u64::from(right)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// A power-of-two table size holding `n` items at most half full.
+/// A power-of-two table size holding `n` items at most two thirds full.
 fn table_size(n: usize) -> usize {
-    (2 * n.max(4)).next_power_of_two()
+    (n.max(4) * 3 / 2).next_power_of_two()
 }
 
 impl BpeTable {
+    /// The table of these parts (checked by the caller), with its byte-fallback ids.
+    pub(super) fn from_tables(
+        text: Vec<u8>,
+        entries: Vec<Entry>,
+        slots: Vec<u32>,
+        by_id: Vec<u32>,
+        merges: Vec<MergeSlot>,
+        options: BpeOptions,
+    ) -> BpeTable {
+        let mut table = BpeTable {
+            text,
+            entries,
+            slots,
+            by_id,
+            merges,
+            byte_ids: Vec::new(),
+            options,
+        };
+        table.byte_ids = (0..=255u8)
+            .map(|b| table.id_of(format!("<{b:#04X}>").as_bytes()))
+            .collect();
+        table
+    }
+
     fn entry_text(&self, e: Entry) -> &str {
-        let bytes = &self.text[e.start as usize..(e.start + e.len) as usize];
-        // Every entry was appended from a `&str`.
-        std::str::from_utf8(bytes).expect("token texts are UTF-8")
+        // Every entry was appended from a `&str`, or checked when read from a file.
+        std::str::from_utf8(self.entry_bytes(e)).unwrap_or_default()
+    }
+
+    fn entry_bytes(&self, e: Entry) -> &[u8] {
+        let end = e.start as usize + e.len as usize;
+        self.text.get(e.start as usize..end).unwrap_or_default()
     }
 
     /// The entry index of `text`, if it is in the vocabulary.
@@ -117,7 +145,7 @@ impl BpeTable {
                 return None;
             }
             let e = self.entries[slot as usize - 1];
-            if &self.text[e.start as usize..(e.start + e.len) as usize] == text {
+            if self.entry_bytes(e) == text {
                 return Some(slot as usize - 1);
             }
             i = (i + 1) & mask;
@@ -425,7 +453,7 @@ impl TableBuilder {
     /// Adds `text` with `id`; a text already there takes the new id (as a JSON object read
     /// into a map does).
     pub fn add_token(&mut self, text: &str, id: u32) {
-        if 2 * (self.entries.len() + 1) > self.slots.len() {
+        if 3 * (self.entries.len() + 1) > 2 * self.slots.len() {
             self.grow();
         }
         let bytes = text.as_bytes();
@@ -499,18 +527,7 @@ impl TableBuilder {
         }
         let size = table_size(self.merge_ends.len());
         let slots = if self.slots.is_empty() { vec![0; 8] } else { self.slots };
-        let mut table = BpeTable {
-            text: self.text,
-            entries: self.entries,
-            slots,
-            by_id,
-            merges: vec![EMPTY_MERGE; size],
-            byte_ids: Vec::new(),
-            options,
-        };
-        table.byte_ids = (0..=255u8)
-            .map(|b| table.id_of(format!("<{b:#04X}>").as_bytes()))
-            .collect();
+        let mut table = BpeTable::from_tables(self.text, self.entries, slots, by_id, vec![EMPTY_MERGE; size], options);
         let mut joined = Vec::new();
         let mut start = 0usize;
         for (rank, &(end_a, end_b)) in self.merge_ends.iter().enumerate() {

@@ -26,27 +26,37 @@ use tokenizers::{
 
 use super::bpe_table::{BpeOptions, BpeTable, TableBuilder};
 use super::engine::{Engine, KilnModel};
+use super::table_cache::Rest;
 
 /// Reads a `tokenizer.json` whose model is BPE; `None` when the fast path does not apply.
+#[cfg(test)]
 pub fn from_bytes(json: &[u8]) -> Option<Engine> {
+    read(json).map(|(engine, _)| engine)
+}
+
+/// [`from_bytes`], and the file's sections other than `model` (what a table file keeps
+/// beside the table, see [`super::table_cache`]).
+pub fn read(json: &[u8]) -> Option<(Engine, Rest)> {
     let file: File = serde_json::from_slice(json).ok()?;
     let FastModel::Bpe(bpe) = file.model? else {
         return None;
     };
-    assemble(bpe.build()?, &file.rest)
+    let engine = assemble(bpe.build()?, &file.rest)?;
+    Some((engine, file.rest))
 }
 
 /// The tokenizer a BPE `tokenizer.json` with these parts describes, built without the JSON
 /// text: what [`from_bytes`] builds from that text. `None` where it would decline.
-pub fn from_parts(parts: BpeParts) -> Option<Engine> {
+pub fn from_parts(parts: BpeParts) -> Option<(Engine, Rest)> {
     let mut options = parts.options;
     options.insert("type".into(), Value::String("BPE".into()));
     let FastModel::Bpe(mut bpe) = serde_json::from_value(Value::Object(options)).ok()? else {
         return None;
     };
     bpe.table = parts.table;
-    let rest: Vec<(String, Value)> = parts.rest.into_iter().collect();
-    assemble(bpe.build()?, &rest)
+    let rest: Rest = parts.rest.into_iter().collect();
+    let engine = assemble(bpe.build()?, &rest)?;
+    Some((engine, rest))
 }
 
 /// A BPE `tokenizer.json` in parts: every top-level key but `model`, the model's keys but
@@ -82,7 +92,7 @@ impl BpeParts {
 
 /// The tokenizer of a BPE `model` and the other top-level sections of its file, assembled as
 /// the crate's deserializer does.
-fn assemble(model: BpeTable, rest: &[(String, Value)]) -> Option<Engine> {
+pub fn assemble(model: BpeTable, rest: &[(String, Value)]) -> Option<Engine> {
     let section = |name: &str| rest.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     if let Some(v) = section("version")
         && v.as_str() != Some("1.0")

@@ -52,14 +52,16 @@ mod engine;
 mod expected;
 mod fast;
 mod stream;
+mod table_cache;
 #[cfg(test)]
 mod tests;
 
 pub use fast::BpeParts;
 pub use stream::TextStreamer;
+pub use table_cache::TableCache;
 
 use config::{TokenSpec, TokenizerConfig, generation_eos_ids};
-use engine::Engine;
+use engine::{Engine, KilnModel};
 
 /// Why a tokenizer could not be loaded or used. The message is one line naming the file and
 /// the problem.
@@ -165,11 +167,13 @@ impl Tokenizer {
     /// `tokenizer_config.json`, `chat_template.jinja` (which wins over the config's
     /// `chat_template`) and the `eos_token_id` of `generation_config.json`, each if present.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
-        let json_path = dir.join("tokenizer.json");
-        let json = read_optional(&json_path)?.ok_or_else(|| TokenizerError::Missing {
-            path: json_path.clone(),
-        })?;
+        Tokenizer::from_dir_cached(dir, None)
+    }
 
+    /// [`Self::from_dir`], keeping a BPE model's built tables in `cache` (see [`TableCache`]):
+    /// a later load of the same `tokenizer.json` reads them instead of building them.
+    pub fn from_dir_cached(dir: &Path, cache: Option<&TableCache>) -> Result<Tokenizer, TokenizerError> {
+        let json_path = dir.join("tokenizer.json");
         let config_path = dir.join("tokenizer_config.json");
         let config = match read_optional(&config_path)? {
             Some(bytes) => Some(TokenizerConfig::parse(&config_path.display().to_string(), &bytes)?),
@@ -191,13 +195,17 @@ impl Tokenizer {
             None => Vec::new(),
         };
 
-        Tokenizer::build(
-            &json_path.display().to_string(),
-            &json,
-            config,
-            template,
-            &generation_eos,
-        )
+        let file = json_path.display().to_string();
+        // A LlamaTokenizer's file may be rewritten by the reader: never from the cache.
+        let llama = config.as_ref().and_then(tokenizer_class) == Some("LlamaTokenizer");
+        let entry = cache.filter(|_| !llama).and_then(|c| c.entry(&json_path, ""));
+        if let Some(tok) = entry.as_deref().and_then(from_table_file) {
+            return Tokenizer::finish(&file, tok, config.unwrap_or_default(), template, &generation_eos);
+        }
+        let json = read_optional(&json_path)?.ok_or_else(|| TokenizerError::Missing {
+            path: json_path.clone(),
+        })?;
+        Tokenizer::build(&file, &json, config, template, &generation_eos, entry.as_deref())
     }
 
     /// Loads a tokenizer from the bytes of a `tokenizer.json` and, optionally, of a
@@ -210,7 +218,7 @@ impl Tokenizer {
         let config = tokenizer_config_json
             .map(|bytes| TokenizerConfig::parse("tokenizer_config.json", bytes))
             .transpose()?;
-        Tokenizer::build("tokenizer.json", tokenizer_json, config, None, &[])
+        Tokenizer::build("tokenizer.json", tokenizer_json, config, None, &[], None)
     }
 
     /// The tokenizer of a BPE `tokenizer.json` given in parts (see [`BpeParts`]) and,
@@ -222,25 +230,51 @@ impl Tokenizer {
         parts: BpeParts,
         tokenizer_config_json: Option<&[u8]>,
     ) -> Result<Option<Tokenizer>, TokenizerError> {
-        let config = tokenizer_config_json
-            .map(|bytes| TokenizerConfig::parse("tokenizer_config.json", bytes))
-            .transpose()?
-            .unwrap_or_default();
+        Tokenizer::from_bpe_parts_cached(parts, tokenizer_config_json, None)
+    }
+
+    /// [`Self::from_bpe_parts`], writing the built tables to the table file `entry` (see
+    /// [`TableCache::entry`]) for [`Self::from_table_file`] to read on a later load.
+    pub fn from_bpe_parts_cached(
+        parts: BpeParts,
+        tokenizer_config_json: Option<&[u8]>,
+        entry: Option<&Path>,
+    ) -> Result<Option<Tokenizer>, TokenizerError> {
+        let config = parse_config(tokenizer_config_json)?;
         if tokenizer_class(&config) == Some("LlamaTokenizer") {
             return Ok(None);
         }
-        let Some(tok) = fast::from_parts(parts) else {
+        let Some((tok, rest)) = fast::from_parts(parts) else {
             return Ok(None);
         };
+        store_table(entry, &tok, &rest);
         Tokenizer::finish("tokenizer.json", tok, config, None, &[]).map(Some)
     }
 
+    /// The tokenizer [`Self::from_bpe_parts_cached`] built with the same `entry` and config:
+    /// `Ok(None)` when the table file is absent or not valid (then build from the parts).
+    pub fn from_table_file(
+        entry: &Path,
+        tokenizer_config_json: Option<&[u8]>,
+    ) -> Result<Option<Tokenizer>, TokenizerError> {
+        let config = parse_config(tokenizer_config_json)?;
+        if tokenizer_class(&config) == Some("LlamaTokenizer") {
+            return Ok(None);
+        }
+        match from_table_file(entry) {
+            Some(tok) => Tokenizer::finish("tokenizer.json", tok, config, None, &[]).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The tokenizer of `json`; a BPE model's tables are written to the table file `entry`.
     fn build(
         file: &str,
         json: &[u8],
         config: Option<TokenizerConfig>,
         template_file: Option<String>,
         generation_eos: &[u32],
+        entry: Option<&Path>,
     ) -> Result<Tokenizer, TokenizerError> {
         let config = config.unwrap_or_default();
         // As AutoTokenizer: a "LlamaTokenizer" whose file is byte-level loads as is.
@@ -258,7 +292,8 @@ impl Tokenizer {
             let tok = serde_json::from_value::<tokenizers::Tokenizer>(value.clone())
                 .map_err(|e| load_error(file, &value, e))?;
             from_crate(file, tok)?
-        } else if let Some(tok) = fast::from_bytes(json) {
+        } else if let Some((tok, rest)) = fast::read(json) {
+            store_table(entry, &tok, &rest);
             tok
         } else {
             let tok =
@@ -448,6 +483,27 @@ impl Tokenizer {
     /// `tokenizer_config.json`'s `tokenizer_class`, as written.
     pub fn tokenizer_class(&self) -> Option<&str> {
         self.inner.tokenizer_class.as_deref()
+    }
+}
+
+/// The `tokenizer_config.json` of these bytes (named so in errors); the default without.
+fn parse_config(bytes: Option<&[u8]>) -> Result<TokenizerConfig, TokenizerError> {
+    Ok(bytes
+        .map(|bytes| TokenizerConfig::parse("tokenizer_config.json", bytes))
+        .transpose()?
+        .unwrap_or_default())
+}
+
+/// The tokenizer of the table file at `entry`, if it holds a valid one.
+fn from_table_file(entry: &Path) -> Option<Engine> {
+    let (table, rest) = table_cache::load(entry)?;
+    fast::assemble(table, &rest)
+}
+
+/// Writes the tables of `tok` (when its model is a table) to the table file `entry`.
+fn store_table(entry: Option<&Path>, tok: &Engine, rest: &table_cache::Rest) {
+    if let (Some(entry), KilnModel::Table(table)) = (entry, tok.get_model()) {
+        table_cache::store(entry, table, rest);
     }
 }
 

@@ -919,3 +919,49 @@ fn flat_table_bpe_matches_the_crate_on_corner_cases() {
     let shared_id = r#"{"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}}"#;
     assert!(fast::from_bytes(shared_id.as_bytes()).is_none());
 }
+
+/// A tokenizer read from its table file is the one built from `tokenizer.json` (same
+/// serialisation, ids and special tokens); a damaged table file is ignored and rewritten; an
+/// edited `tokenizer.json` gets a new entry instead of the old tables.
+#[test]
+fn table_file_gives_the_built_tokenizer() {
+    let model = TempDir::copy_of("qwen-bpe");
+    let cache_root = TempDir::new();
+    let cache = TableCache::in_folder(&cache_root.0);
+    let built = Tokenizer::from_dir(&model.0).unwrap();
+    let entry = cache.entry(&model.0.join("tokenizer.json"), "").unwrap();
+    let first = Tokenizer::from_dir_cached(&model.0, Some(&cache)).unwrap();
+    assert!(entry.is_file(), "the first load writes the table file");
+    let read = Tokenizer::from_dir_cached(&model.0, Some(&cache)).unwrap();
+    for tok in [&first, &read] {
+        assert_eq!(tok.fingerprint(), built.fingerprint());
+        let text = "<|im_start|>user\nhé 你好 🦀 x  y<|im_end|>";
+        assert_eq!(tok.encode(text, true).unwrap(), built.encode(text, true).unwrap());
+    }
+
+    let mut damaged = std::fs::read(&entry).unwrap();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 1;
+    std::fs::write(&entry, &damaged).unwrap();
+    let rebuilt = Tokenizer::from_dir_cached(&model.0, Some(&cache)).unwrap();
+    assert_eq!(rebuilt.fingerprint(), built.fingerprint());
+    assert_ne!(
+        std::fs::read(&entry).unwrap(),
+        damaged,
+        "the damaged entry is rewritten"
+    );
+
+    // Another vocabulary id for one token: the old entry must not be read for it.
+    let mut json = read_json(&model.0.join("tokenizer.json"));
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["a"].clone(), vocab["b"].clone());
+    vocab.insert("a".into(), b);
+    vocab.insert("b".into(), a);
+    model.write("tokenizer.json", &serde_json::to_vec(&json).unwrap());
+    let edited = Tokenizer::from_dir_cached(&model.0, Some(&cache)).unwrap();
+    assert_eq!(
+        edited.fingerprint(),
+        Tokenizer::from_dir(&model.0).unwrap().fingerprint()
+    );
+    assert_ne!(edited.fingerprint(), built.fingerprint());
+}
