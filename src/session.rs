@@ -521,6 +521,8 @@ impl PreparedModel {
             }
             other => other?,
         };
+        // The model proved usable: now the tokenizer tables it built may go to the cache.
+        tokenizer.save_table();
         release_freed_heap();
         Ok(Session {
             dir,

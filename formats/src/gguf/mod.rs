@@ -35,6 +35,7 @@ pub mod model;
 pub mod parse;
 pub mod permute;
 pub mod split;
+pub mod strings;
 pub mod tokenizer;
 pub mod tokenizer_doc;
 pub mod weights;

@@ -22,6 +22,7 @@
 //! slice.
 
 use super::error::GgufError;
+use super::strings::StringArray;
 use crate::overlap::{Span, first_overlap};
 use kiln_core::DType;
 use std::collections::HashMap;
@@ -165,7 +166,7 @@ pub enum Array {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    String(StringArray),
     /// Nested arrays; each has its own element type.
     Array(Vec<Array>),
     U64(Vec<u64>),
@@ -217,7 +218,7 @@ impl Array {
     /// Every element, for arrays of strings.
     pub fn to_strings(&self) -> Option<Vec<String>> {
         match self {
-            Array::String(v) => Some(v.clone()),
+            Array::String(v) => Some(v.iter().map(str::to_string).collect()),
             _ => None,
         }
     }
@@ -790,10 +791,15 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
+        self.str(what).map(str::to_string)
+    }
+
+    /// A string, borrowed from the file.
+    fn str(&mut self, what: &dyn Fn() -> String) -> Result<&'a str, GgufError> {
         let len = self.u64(what)?;
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_string()),
+            Ok(s) => Ok(s),
             Err(e) => Err(self.malformed(format!("{} is not valid UTF-8 ({e})", what()))),
         }
     }
@@ -882,9 +888,9 @@ impl<'a> Reader<'a> {
                 Array::Bool(v)
             }
             ValueType::String => {
-                let mut v = Vec::with_capacity(reserve(count));
+                let mut v = StringArray::with_capacity(reserve(count), 0);
                 for i in 0..n {
-                    v.push(self.string(&|| format!("element {i} of metadata key \"{key}\""))?);
+                    v.push(self.str(&|| format!("element {i} of metadata key \"{key}\""))?);
                 }
                 Array::String(v)
             }

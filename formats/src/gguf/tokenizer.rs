@@ -37,6 +37,7 @@
 use super::error::GgufError;
 use super::model::Meta;
 use super::parse::{Array, GgufHeader, Value};
+use super::strings::StringArray;
 use super::tokenizer_doc::TokenizerDoc;
 use kiln_text::tokenizer::{TableCache, Tokenizer, TokenizerError};
 use serde_json::{Map, Value as Json, json};
@@ -111,6 +112,19 @@ pub const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
+impl GgufVocab {
+    /// The merges as pairs: each line split, as llama.cpp does, at the first space after its
+    /// first byte; a line without one gives two empty texts (a merge no token can use).
+    pub fn merges(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.merge_lines
+            .iter()
+            .map(|m| match m.as_bytes().iter().skip(1).position(|&b| b == b' ') {
+                Some(p) => (&m[..p + 1], &m[p + 2..]),
+                None => ("", ""),
+            })
+    }
+}
+
 /// The `tokenizer.*` metadata of a GGUF file, read and checked.
 #[derive(Clone, Debug)]
 pub struct GgufVocab {
@@ -123,8 +137,8 @@ pub struct GgufVocab {
     pub token_types: Vec<TokenType>,
     /// `tokenizer.ggml.scores` (SentencePiece); empty when absent.
     pub scores: Vec<f32>,
-    /// `tokenizer.ggml.merges` split into pairs (gpt2).
-    pub merges: Vec<(String, String)>,
+    /// `tokenizer.ggml.merges` as written, `"left right"` (gpt2); see [`GgufVocab::merges`].
+    pub merge_lines: StringArray,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub unknown_token_id: Option<u32>,
@@ -199,7 +213,7 @@ pub fn vocab_from_header(header: &GgufHeader, path: &Path) -> Result<GgufVocab, 
                 if t.is_empty() {
                     format!("[EMPTY_{i}]")
                 } else {
-                    t.clone()
+                    t.to_string()
                 }
             })
             .collect(),
@@ -238,18 +252,8 @@ pub fn vocab_from_header(header: &GgufHeader, path: &Path) -> Result<GgufVocab, 
     let merges_key = "tokenizer.ggml.merges";
     let merges = match (kind, meta.get(merges_key)) {
         (VocabKind::Gpt2, None) => return Err(meta.missing(merges_key)),
-        (_, None) => Vec::new(),
-        (_, Some(Value::Array(Array::String(m)))) => m
-            .iter()
-            .map(|m| {
-                // As llama.cpp: split at the first space after the first byte.
-                let bytes = m.as_bytes();
-                match bytes.iter().skip(1).position(|&b| b == b' ') {
-                    Some(p) => (m[..p + 1].to_string(), m[p + 2..].to_string()),
-                    None => (String::new(), String::new()),
-                }
-            })
-            .collect(),
+        (_, None) => StringArray::default(),
+        (_, Some(Value::Array(Array::String(m)))) => m.clone(),
         (_, Some(v)) => {
             return Err(meta.bad(merges_key, format!("is {}, expected an array of strings", v.describe())));
         }
@@ -347,7 +351,7 @@ pub fn vocab_from_header(header: &GgufHeader, path: &Path) -> Result<GgufVocab, 
         tokens,
         token_types,
         scores,
-        merges,
+        merge_lines: merges,
         bos_token_id,
         eos_token_id,
         unknown_token_id,
@@ -418,19 +422,17 @@ pub fn tokenizer_json<'v>(vocab: &'v GgufVocab, path: &Path) -> Result<Tokenizer
                 // `tokenizers` crate refuses them, so they are left out.
                 let mut joined = String::new();
                 let merges: Vec<(&str, &str)> = vocab
-                    .merges
-                    .iter()
+                    .merges()
                     .filter(|(a, b)| {
                         joined.clear();
                         joined.push_str(a);
                         joined.push_str(b);
                         !a.is_empty()
                             && !b.is_empty()
-                            && ids.contains_key(a.as_str())
-                            && ids.contains_key(b.as_str())
+                            && ids.contains_key(a)
+                            && ids.contains_key(b)
                             && ids.contains_key(joined.as_str())
                     })
-                    .map(|(a, b)| (a.as_str(), b.as_str()))
                     .collect();
                 (
                     Json::Null,

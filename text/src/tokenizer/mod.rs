@@ -40,7 +40,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tokenizers::AddedToken;
@@ -127,6 +127,8 @@ struct Inner {
     chat_template: Option<String>,
     named_chat_templates: Vec<(String, String)>,
     tokenizer_class: Option<String>,
+    /// Tables built by this load, and the table file they go to ([`Tokenizer::save_table`]).
+    unsaved_table: Mutex<Option<(PathBuf, table_cache::Rest)>>,
 }
 
 impl fmt::Debug for Tokenizer {
@@ -170,8 +172,8 @@ impl Tokenizer {
         Tokenizer::from_dir_cached(dir, None)
     }
 
-    /// [`Self::from_dir`], keeping a BPE model's built tables in `cache` (see [`TableCache`]):
-    /// a later load of the same `tokenizer.json` reads them instead of building them.
+    /// [`Self::from_dir`], reading a BPE model's tables from `cache` (see [`TableCache`]) when
+    /// it holds them; tables built instead are written there by [`Self::save_table`].
     pub fn from_dir_cached(dir: &Path, cache: Option<&TableCache>) -> Result<Tokenizer, TokenizerError> {
         let json_path = dir.join("tokenizer.json");
         let config_path = dir.join("tokenizer_config.json");
@@ -233,8 +235,9 @@ impl Tokenizer {
         Tokenizer::from_bpe_parts_cached(parts, tokenizer_config_json, None)
     }
 
-    /// [`Self::from_bpe_parts`], writing the built tables to the table file `entry` (see
-    /// [`TableCache::entry`]) for [`Self::from_table_file`] to read on a later load.
+    /// [`Self::from_bpe_parts`], its built tables to be written to the table file `entry` (see
+    /// [`TableCache::entry`]) by [`Self::save_table`], for [`Self::from_table_file`] to read
+    /// on a later load.
     pub fn from_bpe_parts_cached(
         parts: BpeParts,
         tokenizer_config_json: Option<&[u8]>,
@@ -247,8 +250,9 @@ impl Tokenizer {
         let Some((tok, rest)) = fast::from_parts(parts) else {
             return Ok(None);
         };
-        store_table(entry, &tok, &rest);
-        Tokenizer::finish("tokenizer.json", tok, config, None, &[]).map(Some)
+        let mut built = Tokenizer::finish("tokenizer.json", tok, config, None, &[])?;
+        built.keep_unsaved_table(entry, rest);
+        Ok(Some(built))
     }
 
     /// The tokenizer [`Self::from_bpe_parts_cached`] built with the same `entry` and config:
@@ -293,8 +297,9 @@ impl Tokenizer {
                 .map_err(|e| load_error(file, &value, e))?;
             from_crate(file, tok)?
         } else if let Some((tok, rest)) = fast::read(json) {
-            store_table(entry, &tok, &rest);
-            tok
+            let mut built = Tokenizer::finish(file, tok, config, template_file, generation_eos)?;
+            built.keep_unsaved_table(entry, rest);
+            return Ok(built);
         } else {
             let tok =
                 tokenizers::Tokenizer::from_bytes(json).map_err(|e| match serde_json::from_slice::<Value>(json) {
@@ -307,6 +312,26 @@ impl Tokenizer {
             from_crate(file, tok)?
         };
         Tokenizer::finish(file, tok, config, template_file, generation_eos)
+    }
+
+    /// Remembers that this tokenizer's tables were built and belong in the table file `entry`:
+    /// [`Self::save_table`] writes them there.
+    fn keep_unsaved_table(&mut self, entry: Option<&Path>, rest: table_cache::Rest) {
+        if let (Some(entry), Some(inner)) = (entry, Arc::get_mut(&mut self.inner)) {
+            inner.unsaved_table = Mutex::new(Some((entry.to_path_buf(), rest)));
+        }
+    }
+
+    /// Writes the tables this tokenizer built to the table file it was loaded for (see
+    /// [`Self::from_dir_cached`], [`Self::from_bpe_parts_cached`]), once; nothing when they
+    /// were read from it or there is none. Callers save once the model has proved usable, so
+    /// a command refused after loading leaves nothing in the cache. Best effort, like the
+    /// cache itself: a failure to write only means the next load builds again.
+    pub fn save_table(&self) {
+        let pending = self.inner.unsaved_table.lock().map(|mut p| p.take()).unwrap_or(None);
+        if let (Some((entry, rest)), KilnModel::Table(table)) = (pending, self.inner.tok.get_model()) {
+            table_cache::store(&entry, table, &rest);
+        }
     }
 
     /// The Kiln tokenizer around the crate's `tok`, read from `file`: truncation and padding
@@ -363,6 +388,7 @@ impl Tokenizer {
                 named_chat_templates: config.named_chat_templates,
                 tokenizer_class: config.tokenizer_class,
                 tok,
+                unsaved_table: Mutex::new(None),
             }),
         })
     }
@@ -498,13 +524,6 @@ fn parse_config(bytes: Option<&[u8]>) -> Result<TokenizerConfig, TokenizerError>
 fn from_table_file(entry: &Path) -> Option<Engine> {
     let (table, rest) = table_cache::load(entry)?;
     fast::assemble(table, &rest)
-}
-
-/// Writes the tables of `tok` (when its model is a table) to the table file `entry`.
-fn store_table(entry: Option<&Path>, tok: &Engine, rest: &table_cache::Rest) {
-    if let (Some(entry), KilnModel::Table(table)) = (entry, tok.get_model()) {
-        table_cache::store(entry, table, rest);
-    }
 }
 
 /// The crate's tokenizer `tok`, read from `file`, as an [`Engine`].
