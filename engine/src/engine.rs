@@ -429,17 +429,25 @@ impl Engine {
         self.check(slot, tokens)?;
         let block = self.bufs.block_rows;
         let blocks = tokens.len().div_ceil(block);
+        let mut decode = false;
         for (i, chunk) in tokens.chunks(block).enumerate() {
             let pos = self.positions[slot];
             self.load_tokens(chunk);
             self.load_rows(slot, pos, chunk.len(), seq_end.max(pos + chunk.len()));
-            self.run_block(false, chunk, pos, logits && i + 1 == blocks)?;
+            // A chunk of a few rows (a short prompt, or a long one's tail) runs the decode
+            // kernels, which read every weight once for all of their rows, where the prefill
+            // kernels' tiles are laid out for whole blocks. Their rows are bitwise the prefill
+            // kernels' except in recurrent layers, whose prefill takes chunks in another
+            // summation order: those keep the prefill kernels, so a prompt's result does not
+            // depend on how it was split.
+            decode = chunk.len() <= graph::DECODE_ROWS && !self.spec.is_recurrent();
+            self.run_block(decode, chunk, pos, logits && i + 1 == blocks)?;
             self.positions[slot] += chunk.len();
         }
         if logits {
             // The head reads the last row of the last block.
             let last_rows = (tokens.len() - 1) % block + 1;
-            self.run_head(false, self.positions[slot] - 1, last_rows)?;
+            self.run_head(decode, self.positions[slot] - 1, last_rows)?;
         }
         Ok(())
     }
