@@ -119,7 +119,9 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
     let pager = Pager::new(loaded.weights.mapped().filter(|_| opts.page_in));
     let tokenizer = std::thread::scope(|s| {
-        s.spawn(|| pager.work());
+        if opts.page_in {
+            s.spawn(|| pager.work());
+        }
         let tokenizer = Tokenizer::from_dir_cached(&loaded.dir, opts.tokenizer_cache.as_ref());
         pager.work();
         tokenizer

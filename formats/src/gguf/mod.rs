@@ -152,7 +152,9 @@ pub fn load_with(path: &Path, page_in: bool, tokenizer_cache: Option<&TableCache
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
     let pager = crate::page_in::Pager::new(files.maps.iter().map(|m| &m[..]).filter(|_| page_in));
     let tokenizer = std::thread::scope(|s| {
-        s.spawn(|| pager.work());
+        if page_in {
+            s.spawn(|| pager.work());
+        }
         let tokenizer = tokenizer::build_tokenizer_cached(&vocab, path, tokenizer_cache);
         pager.work();
         tokenizer

@@ -271,7 +271,8 @@ impl Tokenizer {
         }
     }
 
-    /// The tokenizer of `json`; a BPE model's tables are written to the table file `entry`.
+    /// The tokenizer of `json`; tables built for a BPE model are kept for the table file
+    /// `entry` ([`Self::save_table`]).
     fn build(
         file: &str,
         json: &[u8],
