@@ -423,12 +423,25 @@ impl<'c, 'a> Kb<'c, 'a> {
             &[("mask", self.attr(&format!("array<i64: {}>", list.join(", "))))],
         )
     }
-    /// Lane `i` of a vector.
+    /// Lane `i` of an f32 vector.
     pub fn extract(&self, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
+        self.extract_lane(v, i)
+    }
+    /// Lane `i` of a vector of any element type.
+    pub fn extract_lane(&self, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
         self.op1(
             "vector.extract",
             &[v],
-            self.f32_ty(),
+            self.ty(&elem_of(v)),
+            &[("static_position", self.attr(&format!("array<i64: {i}>")))],
+        )
+    }
+    /// `v` with lane `i` replaced by the scalar `s`.
+    pub fn insert_lane(&self, s: Value<'c, '_>, v: Value<'c, '_>, i: usize) -> Value<'c, 'a> {
+        self.op1(
+            "vector.insert",
+            &[s, v],
+            v.r#type(),
             &[("static_position", self.attr(&format!("array<i64: {i}>")))],
         )
     }
@@ -574,6 +587,10 @@ impl<'c, 'a> Kb<'c, 'a> {
     /// Sign-extends integer lanes to `elem`.
     pub fn extsi(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
         self.op1("arith.extsi", &[v], self.retyped(v, elem), &[])
+    }
+    /// Narrower float lanes (f16, bf16) → f32, exactly.
+    pub fn extf(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.extf", &[v], self.retyped(v, "f32"), &[])
     }
     /// Unsigned integer lanes → f32 (exact below 2^24).
     pub fn uitofp(&self, v: Value<'c, '_>) -> Value<'c, 'a> {

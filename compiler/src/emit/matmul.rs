@@ -23,6 +23,7 @@
 mod bf16_rows;
 mod decode;
 mod q8;
+mod q8_blocks;
 mod quad;
 
 pub(super) use bf16_rows::bf16_rows;
@@ -94,8 +95,26 @@ pub(super) fn q8_acts<'c, 'a>(
     max_rows: usize,
     opts: &kiln_core::CompileOptions,
 ) -> Option<quant8::Acts<'c, 'a>> {
-    (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype))
-        .then(|| quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype)))
+    (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype)).then(|| {
+        let acts = quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype));
+        with_octets(b, d, acts, dtype, k, max_rows)
+    })
+}
+
+/// `acts` with its rows in octets too ([`super::q8_octets`]) where matmuls over `dtype` take
+/// full octets of rows ([`q8_blocks`]) and the call may have one.
+pub(super) fn with_octets<'c, 'a>(
+    b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
+    mut acts: quant8::Acts<'c, 'a>,
+    dtype: DType,
+    k: usize,
+    max_rows: usize,
+) -> quant8::Acts<'c, 'a> {
+    if acts.octets.is_none() && q8_blocks::exact_blocks(dtype) && max_rows >= super::q8_octets::ROWS {
+        acts.octets = Some(super::q8_octets::Octets::build(b, d, &acts, k, max_rows));
+    }
+    acts
 }
 
 /// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.

@@ -27,8 +27,12 @@
 //! (its offset term then `-4·D·sc`), and its signed 6-bit scales `sc - 32` enter `vpmaddwd`
 //! as they are.
 //!
-//! Decode and prefill run this same code (prefill as tiles of decode rows), so within the mode
-//! they agree bit for bit.
+//! q4_0, q4_1, q5_0 and q5_1 also sum each block exactly in integers (their offsets of 8 and
+//! 16 included), then take one float step per block and output, with the outputs in the lanes
+//! (`matmul/q8_blocks.rs`; prefill tiles read the rows eight at a time, `q8_octets.rs`).
+//!
+//! Decode and prefill run the same operations for every output, so within the mode they agree
+//! bit for bit.
 
 use super::Dyn;
 use super::quant::BlockReader;
@@ -81,6 +85,11 @@ pub struct Acts<'c, 'a> {
     /// `memref<R x k/16 x f32>`: `d · Σ q` over each half group (the k-quants with scales per
     /// 16 elements).
     pub s16: Value<'c, 'a>,
+    /// `memref<R x k/32 x f32>`: `Σ q` over each group of 32 (an exact integer).
+    pub sums: Value<'c, 'a>,
+    /// The rows again, eight at a time for the exact block sums of prefill tiles
+    /// ([`super::q8_octets`]); `None` where no matmul of the call needs them.
+    pub octets: Option<super::q8_octets::Octets<'c, 'a>>,
     /// Whether dot products use `vpdpbusd` ([`vnni`]).
     pub vnni: bool,
     /// Elements sharing one scale ([`span`]): 32, or 256 for the k-quants.
@@ -123,6 +132,8 @@ impl<'c, 'a> Acts<'c, 'a> {
             d: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             s32: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             s16: b.alloca(&format!("memref<{max_rows}x{}xf32>", 2 * groups)),
+            sums: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
+            octets: None,
             vnni,
             span,
         };
@@ -172,7 +183,9 @@ impl<'c, 'a> Acts<'c, 'a> {
         let j2 = b.muli(j, b.idx(2));
         b.store(b.mulf(scale, b.sitofp(first)), self.s16, &[r, j2]);
         b.store(b.mulf(scale, b.sitofp(second)), self.s16, &[r, b.addi(j2, b.idx(1))]);
-        b.store(b.mulf(scale, b.sitofp(b.addi(first, second))), self.s32, &[r, j]);
+        let sum = b.sitofp(b.addi(first, second));
+        b.store(b.mulf(scale, sum), self.s32, &[r, j]);
+        b.store(sum, self.sums, &[r, j]);
         b.store(scale, self.d, &[r, j]);
     }
 }
@@ -417,15 +430,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         blk: Value<'c, '_>,
     ) -> Value<'c, 'a> {
         let b = self.b;
-        let first = |m: Value<'c, 'a>| {
-            let s = b.load_f32(acts.s32, &[r, blk], 1);
-            b.fma(m, b.insert_first(s, b.f32_splat(0.0, 8)), acc)
-        };
         match self.dtype {
             DType::Q8_0 => acc,
-            DType::Q4_0 => first(b.mulf(self.scale(), b.f32_splat(-8.0, 8))),
-            DType::Q5_0 => first(b.mulf(self.scale(), b.f32_splat(-16.0, 8))),
-            DType::Q4_1 | DType::Q5_1 => first(b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(2))], 8)),
             DType::Q4K | DType::Q5K => {
                 // Lanes 8..16 of the scale vector are the sub-blocks' `-dmin · m`.
                 let mins = b.slice(self.scale(), 8, 8);
@@ -445,7 +451,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                 let hi = b.load_f32(acts.s16, &[r, b.addi(at, b.idx(8))], 8);
                 b.fma(b.slice(m, 8, 8), hi, b.fma(b.slice(m, 0, 8), lo, acc))
             }
-            other => unreachable!("{other} has no 8-bit codes"),
+            other => unreachable!("{other}'s offsets are in its exact block sums (matmul/q8_blocks.rs)"),
         }
     }
 }

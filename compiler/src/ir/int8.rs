@@ -6,7 +6,7 @@
 //! for with `--precision q8` has (x86-64-v3 and up, AVX-512 machines included).
 
 use super::{Kb, lanes_of};
-use melior::ir::{Value, ValueLike};
+use melior::ir::Value;
 
 impl<'c, 'a> Kb<'c, 'a> {
     /// `vpmaddubsw`: i16 lane `i` is `u[2i] * s[2i] + u[2i + 1] * s[2i + 1]`, `u`'s 32 bytes read
@@ -51,16 +51,6 @@ impl<'c, 'a> Kb<'c, 'a> {
             &[v],
             elem,
             &[("kind", self.attr("#vector.kind<add>"))],
-        )
-    }
-
-    /// `v` with lane 0 replaced by the scalar `s`.
-    pub fn insert_first(&self, s: Value<'c, '_>, v: Value<'c, '_>) -> Value<'c, 'a> {
-        self.op1(
-            "vector.insert",
-            &[s, v],
-            v.r#type(),
-            &[("static_position", self.attr("array<i64: 0>"))],
         )
     }
 

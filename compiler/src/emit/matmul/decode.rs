@@ -176,6 +176,39 @@ pub(super) fn prefetch_blocks<'c>(
     }
 }
 
+/// The prefetches of a step over the adjacent quantised rows `col0 .. col0 + ncols`, reading
+/// `span` bytes of each from byte `off` (rows of `row_bytes`, the share ending at row `end`).
+/// The rows are one contiguous region that the walk crosses `ncols · span` bytes per step, so
+/// one stream over it (at `ncols · off` into the region) covers them with one prefetch per
+/// line and [`decode_prefetches`] distance, clamped once per distance: [`prefetch_blocks`]
+/// clamped each of `ncols` rows' lines, about twice the prefetches and four instructions
+/// each, a fifth of a q8 decode loop's instructions (q4_0: 80 of 304 per step).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prefetch_group<'c>(
+    b: Kb<'c, '_>,
+    w: Value<'c, '_>,
+    col0: Value<'c, '_>,
+    ncols: usize,
+    off: Value<'c, '_>,
+    span: usize,
+    row_bytes: usize,
+    end: Value<'c, '_>,
+) {
+    let len = b.idx(row_bytes);
+    let lines = (ncols * span).div_ceil(64);
+    let reach = b.idx(64 * lines);
+    let at = b.addi(b.muli(col0, len), b.muli(off, b.idx(ncols)));
+    // The last start whose lines stay within the share (0 for a share shorter than a step).
+    let last = b.subi(b.maxui(b.muli(end, len), reach), reach);
+    for p in decode_prefetches().iter().filter(|p| p.bytes > 0) {
+        let start = b.minui(b.addi(at, b.idx(p.bytes)), last);
+        for l in 0..lines {
+            let flat = b.addi(start, b.idx(64 * l));
+            b.prefetch_with(w, &[b.divui(flat, len), b.remui(flat, len)], p.locality);
+        }
+    }
+}
+
 /// The decode rows (`d.rows` of at most `max_rows`) normalised by a folded norm into a stack
 /// buffer of this thread's (`memref<max_rows x k x f32>`), with the [`Kernel::Norm`] kernel's
 /// own instructions. `args` are the norm's weight and (LayerNorm) bias.

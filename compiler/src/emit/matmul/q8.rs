@@ -2,7 +2,7 @@
 //! bits (`quant8.rs`), for decode and prefill alike.
 
 use super::MatMul;
-use super::decode::{Tile, prefetch_blocks};
+use super::decode::{Tile, prefetch_group};
 use crate::emit::quant8::{Acts, CodeBlock, GROUP, span};
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -30,7 +30,7 @@ pub(super) fn q8_cols(dtype: DType, lanes: usize) -> usize {
 
 /// Blocks per loop step: enough that a step reads a cache line of each weight row (one
 /// prefetch per line instead of several per line for the 18- to 34-byte blocks).
-fn blocks_per_step(dtype: DType, blocks: usize) -> usize {
+pub(super) fn blocks_per_step(dtype: DType, blocks: usize) -> usize {
     [4, 2, 1]
         .into_iter()
         .find(|&u| (u - 1) * dtype.block_bytes() < 64 && blocks.is_multiple_of(u))
@@ -42,6 +42,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// exact decode prefetches), its offset terms, then its codes folded into every activation
     /// row of the tile ([`group_block`], [`super_block`]).
     pub(super) fn q8_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        if super::q8_blocks::exact_blocks(dtype) {
+            return self.q8_block_rows(b, w, dtype, t, acts);
+        }
         assert_eq!(
             acts.span,
             span(dtype),
@@ -56,15 +59,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
         let acc = b.for_range(zero, hi, step, &inits, |b, kb, acc| {
             let mut acc = acc;
-            prefetch_blocks(
-                b,
-                w,
-                &cols,
-                b.muli(kb, b.idx(dtype.block_bytes())),
-                span,
-                row_bytes,
-                t.end,
-            );
+            let off = b.muli(kb, b.idx(dtype.block_bytes()));
+            prefetch_group(b, w, cols[0], cols.len(), off, span, row_bytes, t.end);
             for u in 0..unroll {
                 let blk = b.addi(kb, b.idx(u));
                 for (c, &col) in cols.iter().enumerate() {
@@ -89,7 +85,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
     }
 }
 
-/// A 32-element format's block (one group): `fma(Σ c·q, D·d, acc)` for each activation row.
+/// A q8_0 block (one group): `fma(Σ c·q, D·d, acc)` for each activation row (the other
+/// 32-element formats sum each block exactly first: [`super::q8_blocks`]).
 fn group_block<'c, 'a>(
     b: Kb<'c, 'a>,
     block: &mut CodeBlock<'c, 'a, '_>,

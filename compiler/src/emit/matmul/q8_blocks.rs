@@ -1,0 +1,319 @@
+//! `--precision q8` over q4_0, q4_1, q5_0 and q5_1: each block's `Σ c·q` summed exactly in
+//! integers for one weight row and activation row, then one float step per block:
+//! `acc = fma(Σ', D·d, acc)` (with `Σ' = Σ c·q - off·Σq`, q4_0's and q5_0's offsets of 8 and
+//! 16 taken out in exact arithmetic) and, for q4_1 and q5_1, `acc = fma(m, d·Σq, acc)`.
+//!
+//! Where a block's float work once ran on each of the 8 lanes of a partial sum, it now runs
+//! on one lane per output, and those lanes share vectors: a one-row step puts its weight rows
+//! in the lanes (the sums of 4 rows reduced together in three horizontal adds), a tile of 8
+//! activation rows puts the rows in the lanes ([`crate::emit::q8_octets`]: the codes meet 8
+//! rows in 8 `vpmaddubsw` and come out as one vector of 8 row sums). Every output takes the
+//! same operations in the same order either way, so decode = prefill bit for bit.
+
+use super::MatMul;
+use super::decode::{Tile, prefetch_group};
+use crate::emit::q8_octets::{self, Octets};
+use crate::emit::quant8::{Acts, CodeBlock, GROUP};
+use crate::ir::Kb;
+use kiln_core::DType;
+use melior::ir::Value;
+
+/// Whether `dtype`'s q8 matmuls take this module's exact block sums.
+pub(super) fn exact_blocks(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+}
+
+/// A block's offset: q4_0's and q5_0's codes are `c - off`, q4_1's and q5_1's values have a
+/// stored min `m` (an f16 after the scale).
+#[derive(Clone, Copy)]
+enum Offset {
+    Codes(f32),
+    Min,
+}
+
+fn offset(dtype: DType) -> Offset {
+    match dtype {
+        DType::Q4_0 => Offset::Codes(8.0),
+        DType::Q5_0 => Offset::Codes(16.0),
+        DType::Q4_1 | DType::Q5_1 => Offset::Min,
+        other => unreachable!("{other} has no exact block sums"),
+    }
+}
+
+/// The f16 at byte `at` of block `blk` of weight row `col`, as `vector<1xf16>`.
+fn half<'c, 'a>(
+    b: Kb<'c, 'a>,
+    w: Value<'c, '_>,
+    dtype: DType,
+    col: Value<'c, '_>,
+    blk: Value<'c, '_>,
+    at: usize,
+) -> Value<'c, 'a> {
+    let byte = b.addi(b.muli(blk, b.idx(dtype.block_bytes())), b.idx(at));
+    b.vbitcast(b.load_bytes(w, &[col, byte], 2), "vector<1xf16>")
+}
+
+/// The f16s at byte `at` of block `blk` of weight rows `cols`, widened: one `vpinsrw` each.
+fn gather_halves<'c, 'a>(
+    b: Kb<'c, 'a>,
+    w: Value<'c, '_>,
+    dtype: DType,
+    cols: &[Value<'c, '_>],
+    blk: Value<'c, '_>,
+    at: usize,
+) -> Value<'c, 'a> {
+    let zero = b.vbitcast(
+        b.int_splat(0, 2 * cols.len(), "i8"),
+        &format!("vector<{}xf16>", cols.len()),
+    );
+    let halves = cols.iter().enumerate().fold(zero, |v, (i, &c)| {
+        let h = b.extract_lane(half(b, w, dtype, c, blk, at), 0);
+        b.insert_lane(h, v, i)
+    });
+    b.extf(halves)
+}
+
+/// Pairwise sums of two vectors within each 128-bit half (`vphaddd`, `vphaddw`): `[x pairs,
+/// y pairs]` per half.
+fn hadd<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>, y: Value<'c, 'a>) -> Value<'c, 'a> {
+    let n = crate::ir::lanes_of(x);
+    let (half, quarter) = (n / 2, n / 4);
+    let pick = |odd: usize| -> Vec<usize> {
+        (0..2)
+            .flat_map(|h| {
+                let firsts = (0..quarter).map(move |j| h * half + 2 * j + odd);
+                firsts.clone().chain(firsts.map(move |i| i + n))
+            })
+            .collect()
+    };
+    b.addi(b.shuffle_any(x, y, &pick(0)), b.shuffle_any(x, y, &pick(1)))
+}
+
+/// The block sums of weight rows from their `vpmaddubsw` pair sums (`vector<16xi16>`, each at
+/// most `2 · 31 · 127`): two rounds of `vphaddw` leave each row's sum in 4 i16 lanes (at most
+/// `8 · 31 · 127`, no overflow), one `vpmaddwd` and a fold of the halves finish it. Fewer
+/// instructions than a `vpmaddwd` per row and `vphaddd` rounds.
+fn totals16<'c, 'a>(b: Kb<'c, 'a>, pairs: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+    let ones = b.int_splat(1, 16, "i16");
+    each_four(b, pairs, |s| {
+        b.madd_i16(hadd(b, hadd(b, s[0], s[1]), hadd(b, s[2], s[3])), ones)
+    })
+}
+
+/// The lane sums of `vector<8xi32>` values (`vpdpbusd`'s) as one `vector<n x i32>`, in order.
+fn totals<'c, 'a>(b: Kb<'c, 'a>, sums: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+    each_four(b, sums, |s| hadd(b, hadd(b, s[0], s[1]), hadd(b, s[2], s[3])))
+}
+
+/// `fold` maps four rows' vectors to `[r0 r1 r2 r3 | r0 r1 r2 r3]` partial sums; the halves
+/// add up to one `vector<n x i32>` of the rows' sums (rows padded to a multiple of 4).
+fn each_four<'c, 'a>(
+    b: Kb<'c, 'a>,
+    sums: &[Value<'c, 'a>],
+    fold: impl Fn(&[Value<'c, 'a>]) -> Value<'c, 'a>,
+) -> Value<'c, 'a> {
+    let mut padded = sums.to_vec();
+    while !padded.len().is_multiple_of(4) {
+        padded.push(sums[0]);
+    }
+    let fours: Vec<Value> = padded
+        .chunks(4)
+        .map(|s| {
+            let t = fold(s);
+            b.addi(b.slice(t, 0, 4), b.slice(t, 4, 4))
+        })
+        .collect();
+    let all = join_ints(b, &fours);
+    if sums.len() == padded.len() {
+        all
+    } else {
+        b.shuffle_any(all, all, &(0..sums.len()).collect::<Vec<_>>())
+    }
+}
+
+fn join_ints<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+    match parts {
+        [one] => *one,
+        [x, y] => b.shuffle_any(*x, *y, &(0..8).collect::<Vec<_>>()),
+        _ => unreachable!("at most 8 weight rows per step"),
+    }
+}
+
+/// The float step of one block for the outputs in the lanes of `acc`: `f` their exact sums
+/// `Σ c·q`, `qsum` their activations' `Σq`, `scale` their `D·d`, `min` their `(m, d·Σq)`.
+fn block_step<'c, 'a>(
+    b: Kb<'c, 'a>,
+    off: Offset,
+    f: Value<'c, 'a>,
+    qsum: Value<'c, 'a>,
+    scale: Value<'c, 'a>,
+    min: impl FnOnce() -> (Value<'c, 'a>, Value<'c, 'a>),
+    acc: Value<'c, 'a>,
+) -> Value<'c, 'a> {
+    let lanes = crate::ir::lanes_of(f);
+    match off {
+        // Exact: integers below 2^24 in magnitude.
+        Offset::Codes(o) => b.fma(b.fma(qsum, b.f32_splat(-o, lanes), f), scale, acc),
+        Offset::Min => {
+            let acc = b.fma(f, scale, acc);
+            let (m, s) = min();
+            b.fma(m, s, acc)
+        }
+    }
+}
+
+impl<'c, 'a> MatMul<'c, 'a> {
+    /// The tile's outputs: by octets where it is a full octet of rows, else one activation row
+    /// at a time with the weight rows in the lanes.
+    pub(super) fn q8_block_rows(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        t: Tile<'c, '_>,
+        acts: &Acts<'c, '_>,
+    ) {
+        match acts.octets {
+            Some(oct) if t.m == q8_octets::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
+            _ => self.q8_lanes(b, w, dtype, t, acts),
+        }
+    }
+
+    /// Walks the blocks of the tile's weight rows in steps of `unroll`, prefetching as
+    /// [`MatMul::q8_rows`] does; `body(b, blk, acc)` folds block `blk` into `acc`.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_block_loop<'x, F>(
+        &self,
+        b: Kb<'c, 'x>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        cols: &[Value<'c, 'x>],
+        end: Value<'c, '_>,
+        inits: &[Value<'c, 'x>],
+        body: F,
+    ) -> Vec<Value<'c, 'x>>
+    where
+        F: for<'y> Fn(Kb<'c, 'y>, Value<'c, 'y>, &mut [Value<'c, 'y>]),
+    {
+        let blocks = self.k / dtype.block_elems();
+        let unroll = super::q8::blocks_per_step(dtype, blocks);
+        let row_bytes = dtype.bytes_for(self.k);
+        let span = unroll * dtype.block_bytes();
+        let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
+        b.for_range(zero, hi, step, inits, |b, kb, acc| {
+            let mut acc = acc;
+            let off = b.muli(kb, b.idx(dtype.block_bytes()));
+            prefetch_group(b, w, cols[0], cols.len(), off, span, row_bytes, end);
+            for u in 0..unroll {
+                body(b, b.addi(kb, b.idx(u)), &mut acc);
+            }
+            acc
+        })
+    }
+
+    /// Any tile, one activation row at a time: the weight rows' block sums reduced into one
+    /// vector (lane = weight row), then one float step for all of them.
+    fn q8_lanes(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        let off = offset(dtype);
+        let (rows, cols, _) = t.start(b, 1, 0);
+        let n = cols.len();
+        let inits: Vec<Value> = rows.iter().map(|_| b.f32_splat(0.0, n)).collect();
+        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, |b, blk, acc| {
+            let mut blocks: Vec<CodeBlock> = cols.iter().map(|&c| CodeBlock::new(b, w, dtype, c, blk)).collect();
+            let codes: Vec<Value> = blocks.iter_mut().map(|blk| blk.codes(0)).collect();
+            let scales = gather_halves(b, w, dtype, &cols, blk, 0);
+            let mins = matches!(off, Offset::Min).then(|| gather_halves(b, w, dtype, &cols, blk, 2));
+            let k0 = b.muli(blk, b.idx(GROUP));
+            for (i, &r) in rows.iter().enumerate() {
+                let q = b.load_bytes(acts.q, &[r, k0], GROUP);
+                let sums = if acts.vnni {
+                    let dots: Vec<Value> = blocks.iter().zip(&codes).map(|(blk, &c)| blk.dot(c, q, true)).collect();
+                    totals(b, &dots)
+                } else {
+                    let pairs: Vec<Value> = codes.iter().map(|&c| b.madd_u8_i8(c, q)).collect();
+                    totals16(b, &pairs)
+                };
+                let f = b.sitofp(sums);
+                let splat = |mem| b.broadcast(b.load_f32(mem, &[r, blk], 1), n);
+                let scale = b.mulf(scales, splat(acts.d));
+                let min = || (mins.expect("a min format"), splat(acts.s32));
+                acc[i] = block_step(b, off, f, splat(acts.sums), scale, min, acc[i]);
+            }
+        });
+        for (i, &row) in rows.iter().enumerate() {
+            for (c, &col) in cols.iter().enumerate() {
+                self.finish(b, b.extract(acc[i], c), row, col);
+            }
+        }
+    }
+
+    /// A full octet of activation rows (`t.r0` a multiple of 8): per weight row and block,
+    /// its codes with each chunk spread over a vector's lanes meet the octet's chunk vectors
+    /// (the sums of each quad stay in i16: at most `4 · 2 · 31 · 127`), and the two quads'
+    /// sums come out as one vector of the 8 rows' block sums.
+    fn q8_octet(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        t: Tile<'c, '_>,
+        acts: &Acts<'c, '_>,
+        oct: &Octets<'c, '_>,
+    ) {
+        let off = offset(dtype);
+        let rows_n = q8_octets::ROWS;
+        let (rows, cols, _) = t.start(b, 1, 0);
+        let oc = b.divui(t.r0, b.idx(rows_n));
+        let inits: Vec<Value> = cols.iter().map(|_| b.f32_splat(0.0, rows_n)).collect();
+        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, |b, blk, acc| {
+            let zero = b.idx(0);
+            let per_row = |mem| b.load_f32(mem, &[oc, blk, zero], rows_n);
+            for (c, &col) in cols.iter().enumerate() {
+                let mut block = CodeBlock::new(b, w, dtype, col, blk);
+                let codes = b.vbitcast(block.codes(0), "vector<8xi32>");
+                let spread: Vec<Value> = (0..4)
+                    .map(|k| {
+                        b.vbitcast(
+                            b.shuffle_any(codes, codes, &[k, k, k, k, k + 4, k + 4, k + 4, k + 4]),
+                            "vector<32xi8>",
+                        )
+                    })
+                    .collect();
+                let quad_sums: Vec<Value> = (0..2)
+                    .map(|h| {
+                        let chunk = |k: usize| b.load_bytes(oct.q, &[oc, blk, b.idx(4 * h + k), zero], GROUP);
+                        if acts.vnni {
+                            (0..4).fold(b.int_splat(0, 8, "i32"), |s, k| b.dot_u8_i8(s, spread[k], chunk(k)))
+                        } else {
+                            let pairs = (0..4)
+                                .map(|k| b.madd_u8_i8(spread[k], chunk(k)))
+                                .reduce(|x, y| b.addi(x, y))
+                                .expect("four chunks");
+                            b.madd_i16(pairs, b.int_splat(1, 16, "i16"))
+                        }
+                    })
+                    .collect();
+                let halves = |first: usize| {
+                    let lanes: Vec<usize> = (first..first + 4).chain(first + 8..first + 12).collect();
+                    b.shuffle_any(quad_sums[0], quad_sums[1], &lanes)
+                };
+                let f = b.sitofp(b.addi(halves(0), halves(4)));
+                let scale = b.mulf(
+                    b.load_f16_splat(w, &[col, b.muli(blk, b.idx(dtype.block_bytes()))], rows_n),
+                    per_row(oct.d),
+                );
+                let min = || {
+                    let m =
+                        b.extf(b.shuffle_any(half(b, w, dtype, col, blk, 2), half(b, w, dtype, col, blk, 2), &[0; 8]));
+                    (m, per_row(oct.s))
+                };
+                acc[c] = block_step(b, off, f, per_row(oct.sums), scale, min, acc[c]);
+            }
+        });
+        for (c, &col) in cols.iter().enumerate() {
+            for (i, &row) in rows.iter().enumerate() {
+                self.finish(b, b.extract(acc[c], i), row, col);
+            }
+        }
+    }
+}

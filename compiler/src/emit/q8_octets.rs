@@ -1,0 +1,104 @@
+//! `--precision q8` activation rows eight at a time, laid out so that one weight block's codes
+//! meet eight rows in a few instructions and leave each row's exact block sum in its own lane
+//! (`matmul/q8_blocks.rs`).
+//!
+//! A group's 32 codes are eight 4-byte chunks; a row's group vector holds chunks 0..4 in its
+//! low 128 bits and 4..8 in its high 128 bits. For rows `a b c d` (a quad) and chunk `k < 4`
+//! the octet stores `[a_k b_k c_k d_k | a_{k+4} b_{k+4} c_{k+4} d_{k+4}]`: a weight block's
+//! codes with chunk `k` repeated in each low lane and chunk `k + 4` in each high lane (one
+//! `vpshufd`) multiply it in one `vpmaddubsw`, and the four products of a quad add up to each
+//! row's sums over the block's two halves.
+
+use super::Dyn;
+use super::quant8::{Acts, GROUP};
+use crate::ir::Kb;
+use melior::ir::Value;
+
+/// Activation rows in an octet.
+pub const ROWS: usize = 8;
+
+/// A call's full octets of rows (rows `8o .. 8o + 8`), built from [`Acts`] once per call.
+#[derive(Clone, Copy)]
+pub struct Octets<'c, 'a> {
+    /// `memref<O x k/32 x 8 x 32 x i8>`: vector `4h + k` of octet `o`, group `g` is quad `h`'s
+    /// chunks `k` and `k + 4` (the module's note).
+    pub q: Value<'c, 'a>,
+    /// `memref<O x k/32 x 8 x f32>`: the eight rows' group scales `d`.
+    pub d: Value<'c, 'a>,
+    /// `memref<O x k/32 x 8 x f32>`: the eight rows' `d · Σq` ([`Acts::s32`]).
+    pub s: Value<'c, 'a>,
+    /// `memref<O x k/32 x 8 x f32>`: the eight rows' `Σq` ([`Acts::sums`]).
+    pub sums: Value<'c, 'a>,
+}
+
+/// The `vector<1xf32>` values in order, as one vector (a tree of shuffles).
+pub fn join<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+    if parts.len() == 1 {
+        return parts[0];
+    }
+    let (lo, hi) = parts.split_at(parts.len() / 2);
+    b.shuffle_any(join(b, lo), join(b, hi), &(0..parts.len()).collect::<Vec<_>>())
+}
+
+impl<'c, 'a> Octets<'c, 'a> {
+    /// The octets of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
+    /// `k` elements; rows past the last full octet are left to one-row code.
+    pub fn build(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
+        let (groups, octets) = (k / GROUP, max_rows / ROWS);
+        assert!(octets > 0, "{max_rows} rows hold no octet");
+        let per_row = |elem: &str| b.alloca(&format!("memref<{octets}x{groups}x{ROWS}x{elem}>"));
+        let o = Octets {
+            q: b.alloca(&format!("memref<{octets}x{groups}x{ROWS}x{GROUP}xi8>")),
+            d: per_row("f32"),
+            s: per_row("f32"),
+            sums: per_row("f32"),
+        };
+        let full = b.divui(d.rows, b.idx(ROWS));
+        b.for_each(b.idx(0), full, b.idx(1), |b, oc| {
+            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| o.fill(b, acts, oc, g));
+        });
+        o
+    }
+
+    /// Octet `oc`, group `g`: the quads' chunk vectors and the rows' scalars.
+    fn fill(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, oc: Value<'c, '_>, g: Value<'c, '_>) {
+        let r0 = b.muli(oc, b.idx(ROWS));
+        let rows: Vec<Value> = (0..ROWS).map(|i| b.addi(r0, b.idx(i))).collect();
+        let k0 = b.muli(g, b.idx(GROUP));
+        let zero = b.idx(0);
+        for h in 0..2 {
+            let quad: Vec<Value> = rows[4 * h..4 * h + 4]
+                .iter()
+                .map(|&r| b.vbitcast(b.load_bytes(acts.q, &[r, k0], GROUP), "vector<8xi32>"))
+                .collect();
+            // A 4 x 4 transpose of 4-byte chunks within each 128-bit half.
+            let lo01 = b.shuffle_any(quad[0], quad[1], &[0, 8, 1, 9, 4, 12, 5, 13]);
+            let lo23 = b.shuffle_any(quad[2], quad[3], &[0, 8, 1, 9, 4, 12, 5, 13]);
+            let hi01 = b.shuffle_any(quad[0], quad[1], &[2, 10, 3, 11, 6, 14, 7, 15]);
+            let hi23 = b.shuffle_any(quad[2], quad[3], &[2, 10, 3, 11, 6, 14, 7, 15]);
+            let even = [0, 1, 8, 9, 4, 5, 12, 13];
+            let odd = [2, 3, 10, 11, 6, 7, 14, 15];
+            let chunks = [
+                b.shuffle_any(lo01, lo23, &even),
+                b.shuffle_any(lo01, lo23, &odd),
+                b.shuffle_any(hi01, hi23, &even),
+                b.shuffle_any(hi01, hi23, &odd),
+            ];
+            for (c, v) in chunks.into_iter().enumerate() {
+                let at = b.idx(4 * h + c);
+                b.store(
+                    b.vbitcast(v, &format!("vector<{GROUP}xi8>")),
+                    self.q,
+                    &[oc, g, at, zero],
+                );
+            }
+        }
+        for (from, to) in [(acts.d, self.d), (acts.s32, self.s), (acts.sums, self.sums)] {
+            let lanes: Vec<Value> = rows
+                .iter()
+                .map(|&r| b.broadcast(b.load_f32(from, &[r, g], 1), 1))
+                .collect();
+            b.store(join(b, &lanes), to, &[oc, g, zero]);
+        }
+    }
+}
