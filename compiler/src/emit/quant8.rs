@@ -27,9 +27,10 @@
 //! (its offset term then `-4·D·sc`), and its signed 6-bit scales `sc - 32` enter `vpmaddwd`
 //! as they are.
 //!
-//! q4_0, q4_1, q5_0 and q5_1 also sum each block exactly in integers (their offsets of 8 and
-//! 16 included), then take one float step per block and output, with the outputs in the lanes
-//! (`matmul/q8_blocks.rs`; prefill tiles read the rows eight at a time, `q8_octets.rs`).
+//! The 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0) also sum each block exactly in
+//! integers (q4_0's and q5_0's offsets of 8 and 16 included), then take one float step per
+//! block and output, with the outputs in the lanes (`matmul/q8_blocks.rs`; prefill tiles read
+//! the rows eight at a time, `q8_octets.rs`).
 //!
 //! Decode and prefill run the same operations for every output, so within the mode they agree
 //! bit for bit.
@@ -340,34 +341,15 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         h
     }
 
-    /// The block's scale(s): an 8-lane splat of `D` for the 32-element formats; the k-quants'
-    /// scale vector (16 lanes, see `BlockReader::scale_vector`), which their offset terms use.
+    /// A k-quant's scale vector (16 lanes, see `BlockReader::scale_vector`), which its offset
+    /// terms use.
     fn scale(&mut self) -> Value<'c, 'a> {
         if let Some(s) = self.scale {
             return s;
         }
-        let b = self.b;
-        let s = match self.dtype {
-            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => self.reader.scale_vector(),
-            _ => b.load_f16_splat(self.w, &[self.row, self.base], 8),
-        };
+        let s = self.reader.scale_vector();
         self.scale = Some(s);
         s
-    }
-
-    /// Whether the block's sub-block scales apply in integers ([`Self::scaled_dot`], the
-    /// k-quants, whose activations share one scale per block: [`span`]) rather than per group
-    /// in floats ([`Self::row_scale`]).
-    pub fn integer_scales(&self) -> bool {
-        span(self.dtype) > GROUP
-    }
-
-    /// A 32-element format's `D·d` (8 lanes, for each of the block's one group's i32 sums)
-    /// with activation row `r`'s scale for block `blk`; `D` is loaded once per block.
-    pub fn row_scale(&mut self, acts: &Acts<'c, '_>, r: Value<'c, '_>, blk: Value<'c, '_>) -> Value<'c, 'a> {
-        debug_assert!(!self.integer_scales());
-        let b = self.b;
-        b.mulf(self.scale(), b.broadcast(b.load_f32(acts.d, &[r, blk], 1), 8))
     }
 
     /// A k-quant's sub-block scales for group `g`'s 16 i16 pair sums (pair `j` holds elements
@@ -431,7 +413,6 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     ) -> Value<'c, 'a> {
         let b = self.b;
         match self.dtype {
-            DType::Q8_0 => acc,
             DType::Q4K | DType::Q5K => {
                 // Lanes 8..16 of the scale vector are the sub-blocks' `-dmin · m`.
                 let mins = b.slice(self.scale(), 8, 8);

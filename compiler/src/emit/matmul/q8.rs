@@ -38,9 +38,10 @@ pub(super) fn blocks_per_step(dtype: DType, blocks: usize) -> usize {
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// The tile's outputs: for each block of each weight row (in address order, prefetched as
-    /// exact decode prefetches), its offset terms, then its codes folded into every activation
-    /// row of the tile ([`group_block`], [`super_block`]).
+    /// The tile's outputs: the 32-element formats by exact block sums
+    /// ([`super::q8_blocks`]); the k-quants for each block of each weight row (in address
+    /// order, prefetched as one stream), its offset terms, then its codes folded into every
+    /// activation row of the tile ([`super_block`]).
     pub(super) fn q8_rows(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
         if super::q8_blocks::exact_blocks(dtype) {
             return self.q8_block_rows(b, w, dtype, t, acts);
@@ -69,11 +70,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                     for (i, &r) in rows.iter().enumerate() {
                         col_acc[i] = block.offset_terms(col_acc[i], acts, r, blk);
                     }
-                    if block.integer_scales() {
-                        super_block(b, &mut block, acts, &rows, blk, &mut col_acc);
-                    } else {
-                        group_block(b, &mut block, acts, &rows, blk, &mut col_acc);
-                    }
+                    super_block(b, &mut block, acts, &rows, blk, &mut col_acc);
                     for (i, a) in col_acc.into_iter().enumerate() {
                         acc[i * ncols + c] = a;
                     }
@@ -82,25 +79,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
             acc
         });
         self.finish_tile(b, &acc, &rows, &cols);
-    }
-}
-
-/// A q8_0 block (one group): `fma(Σ c·q, D·d, acc)` for each activation row (the other
-/// 32-element formats sum each block exactly first: [`super::q8_blocks`]).
-fn group_block<'c, 'a>(
-    b: Kb<'c, 'a>,
-    block: &mut CodeBlock<'c, 'a, '_>,
-    acts: &Acts<'c, '_>,
-    rows: &[Value<'c, 'a>],
-    blk: Value<'c, 'a>,
-    acc: &mut [Value<'c, 'a>],
-) {
-    let codes = block.codes(0);
-    let k0 = b.muli(blk, b.idx(GROUP));
-    for (i, &r) in rows.iter().enumerate() {
-        let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-        let sums = b.sitofp(block.dot(codes, q, acts.vnni));
-        acc[i] = b.fma(sums, block.row_scale(acts, r, blk), acc[i]);
     }
 }
 

@@ -1,14 +1,21 @@
-//! `--precision q8` over q4_0, q4_1, q5_0 and q5_1: each block's `Σ c·q` summed exactly in
-//! integers for one weight row and activation row, then one float step per block:
-//! `acc = fma(Σ', D·d, acc)` (with `Σ' = Σ c·q - off·Σq`, q4_0's and q5_0's offsets of 8 and
-//! 16 taken out in exact arithmetic) and, for q4_1 and q5_1, `acc = fma(m, d·Σq, acc)`.
+//! `--precision q8` over the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0): each block's
+//! `Σ c·q` summed exactly in integers for one weight row and activation row, then one float
+//! step per block: `acc = fma(Σ', D·d, acc)` (with `Σ' = Σ c·q - off·Σq`, q4_0's and q5_0's
+//! offsets of 8 and 16 taken out in exact arithmetic) and, for q4_1 and q5_1,
+//! `acc = fma(m, d·Σq, acc)`.
 //!
 //! Where a block's float work once ran on each of the 8 lanes of a partial sum, it now runs
 //! on one lane per output, and those lanes share vectors: a one-row step puts its weight rows
-//! in the lanes (the sums of 4 rows reduced together in three horizontal adds), a tile of 8
+//! in the lanes (the sums of 4 rows reduced together by horizontal adds), a tile of 8
 //! activation rows puts the rows in the lanes ([`crate::emit::q8_octets`]: the codes meet 8
 //! rows in 8 `vpmaddubsw` and come out as one vector of 8 row sums). Every output takes the
 //! same operations in the same order either way, so decode = prefill bit for bit.
+//!
+//! Measured (`quant_speed`, one thread, x86-64-v3 code, 2-core Zen 4, n 4864, k 896), decode
+//! Gweights/s / prefill GFLOP/s, per-lane float work → exact block sums: q4_0 23.9 → 34.0 /
+//! 80 → 153, q4_1 22.2 → 28.7 / 79 → 146, q5_0 17.6 → 22.3 / 73 → 127, q5_1 16.9 → 20.2 /
+//! 72 → 125, q8_0 31.9 → 31.7 / 78 → 105 (decode with [`super::decode::prefetch_group`] on
+//! both sides).
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_group};
@@ -18,21 +25,26 @@ use crate::ir::Kb;
 use kiln_core::DType;
 use melior::ir::Value;
 
-/// Whether `dtype`'s q8 matmuls take this module's exact block sums.
+/// Whether `dtype`'s q8 matmuls take this module's exact block sums: the 32-element formats.
 pub(super) fn exact_blocks(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+    )
 }
 
 /// A block's offset: q4_0's and q5_0's codes are `c - off`, q4_1's and q5_1's values have a
-/// stored min `m` (an f16 after the scale).
+/// stored min `m` (an f16 after the scale), q8_0's codes are signed and have none.
 #[derive(Clone, Copy)]
 enum Offset {
     Codes(f32),
     Min,
+    None,
 }
 
 fn offset(dtype: DType) -> Offset {
     match dtype {
+        DType::Q8_0 => Offset::None,
         DType::Q4_0 => Offset::Codes(8.0),
         DType::Q5_0 => Offset::Codes(16.0),
         DType::Q4_1 | DType::Q5_1 => Offset::Min,
@@ -159,7 +171,43 @@ fn block_step<'c, 'a>(
             let (m, s) = min();
             b.fma(m, s, acc)
         }
+        Offset::None => b.fma(f, scale, acc),
     }
+}
+
+/// A quad's `[rows' Σ over chunks 0..4 | rows' Σ over chunks 4..8]` (i32) from the spread
+/// weight chunks and the quad's chunk vectors: one `vpdpbusd` per chunk, or `vpmaddubsw`
+/// pairs added in i16 (at most `4 · 2 · 31 · 127`) and one `vpmaddwd`; q8_0's signed codes
+/// multiply as `|c| · (sign(c)·q)`, whose pairs (up to `2 · 128 · 127`) widen before adding.
+fn quad_sums<'c, 'a>(
+    b: Kb<'c, 'a>,
+    dtype: DType,
+    spread: &[Value<'c, 'a>],
+    chunks: &[Value<'c, 'a>],
+    vnni: bool,
+) -> Value<'c, 'a> {
+    let ones = b.int_splat(1, 16, "i16");
+    let operands: Vec<(Value, Value)> = spread
+        .iter()
+        .zip(chunks)
+        .map(|(&w, &q)| match dtype {
+            DType::Q8_0 => (b.sign_bytes(w, w), b.sign_bytes(q, w)),
+            _ => (w, q),
+        })
+        .collect();
+    if vnni {
+        return operands
+            .iter()
+            .fold(b.int_splat(0, 8, "i32"), |s, &(u, q)| b.dot_u8_i8(s, u, q));
+    }
+    let pairs = operands.iter().map(|&(u, q)| b.madd_u8_i8(u, q));
+    if dtype == DType::Q8_0 {
+        return pairs
+            .map(|p| b.madd_i16(p, ones))
+            .reduce(|x, y| b.addi(x, y))
+            .expect("four chunks");
+    }
+    b.madd_i16(pairs.reduce(|x, y| b.addi(x, y)).expect("four chunks"), ones)
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
@@ -226,8 +274,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
             let k0 = b.muli(blk, b.idx(GROUP));
             for (i, &r) in rows.iter().enumerate() {
                 let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-                let sums = if acts.vnni {
-                    let dots: Vec<Value> = blocks.iter().zip(&codes).map(|(blk, &c)| blk.dot(c, q, true)).collect();
+                // q8_0's signed pairs (up to 2 · 128 · 127) leave no room to add them in i16.
+                let sums = if acts.vnni || dtype == DType::Q8_0 {
+                    let dots: Vec<Value> = blocks
+                        .iter()
+                        .zip(&codes)
+                        .map(|(blk, &c)| blk.dot(c, q, acts.vnni))
+                        .collect();
                     totals(b, &dots)
                 } else {
                     let pairs: Vec<Value> = codes.iter().map(|&c| b.madd_u8_i8(c, q)).collect();
@@ -281,16 +334,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
                     .collect();
                 let quad_sums: Vec<Value> = (0..2)
                     .map(|h| {
-                        let chunk = |k: usize| b.load_bytes(oct.q, &[oc, blk, b.idx(4 * h + k), zero], GROUP);
-                        if acts.vnni {
-                            (0..4).fold(b.int_splat(0, 8, "i32"), |s, k| b.dot_u8_i8(s, spread[k], chunk(k)))
-                        } else {
-                            let pairs = (0..4)
-                                .map(|k| b.madd_u8_i8(spread[k], chunk(k)))
-                                .reduce(|x, y| b.addi(x, y))
-                                .expect("four chunks");
-                            b.madd_i16(pairs, b.int_splat(1, 16, "i16"))
-                        }
+                        let chunks: Vec<Value> = (0..4)
+                            .map(|k| b.load_bytes(oct.q, &[oc, blk, b.idx(4 * h + k), zero], GROUP))
+                            .collect();
+                        quad_sums(b, dtype, &spread, &chunks, acts.vnni)
                     })
                     .collect();
                 let halves = |first: usize| {
