@@ -101,8 +101,8 @@ pub(super) fn q8_acts<'c, 'a>(
     })
 }
 
-/// `acts` with its rows in octets too ([`super::q8_octets`]) where matmuls over `dtype` take
-/// full octets of rows ([`q8_blocks`]) and the call may have one.
+/// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
+/// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`].
 pub(super) fn with_octets<'c, 'a>(
     b: Kb<'c, 'a>,
     d: Dyn<'c, '_>,
@@ -111,8 +111,11 @@ pub(super) fn with_octets<'c, 'a>(
     k: usize,
     max_rows: usize,
 ) -> quant8::Acts<'c, 'a> {
-    if acts.octets.is_none() && q8_blocks::exact_blocks(dtype) && max_rows >= super::q8_octets::ROWS {
-        acts.octets = Some(super::q8_octets::Octets::build(b, d, &acts, k, max_rows));
+    if acts.octets.is_none() && q8_blocks::exact_blocks(dtype) && max_rows >= super::q8_layouts::ROWS {
+        acts.octets = Some(super::q8_layouts::Octets::build(b, d, &acts, k, max_rows));
+    }
+    if acts.pairs.is_none() && q8_blocks::in_pairs(dtype) && k.is_multiple_of(2 * quant8::GROUP) {
+        acts.pairs = Some(super::q8_layouts::pairs(b, d, &acts, k, max_rows));
     }
     acts
 }

@@ -13,7 +13,7 @@ mod gate_up;
 mod matmul;
 mod norm;
 mod probe;
-mod q8_octets;
+mod q8_layouts;
 mod quant;
 mod quant8;
 mod recurrent;

@@ -30,7 +30,7 @@
 //! The 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0) also sum each block exactly in
 //! integers (q4_0's and q5_0's offsets of 8 and 16 included), then take one float step per
 //! block and output, with the outputs in the lanes (`matmul/q8_blocks.rs`; prefill tiles read
-//! the rows eight at a time, `q8_octets.rs`).
+//! the rows eight at a time, `q8_layouts.rs`).
 //!
 //! Decode and prefill run the same operations for every output, so within the mode they agree
 //! bit for bit.
@@ -89,8 +89,11 @@ pub struct Acts<'c, 'a> {
     /// `memref<R x k/32 x f32>`: `Σ q` over each group of 32 (an exact integer).
     pub sums: Value<'c, 'a>,
     /// The rows again, eight at a time for the exact block sums of prefill tiles
-    /// ([`super::q8_octets`]); `None` where no matmul of the call needs them.
-    pub octets: Option<super::q8_octets::Octets<'c, 'a>>,
+    /// ([`super::q8_layouts`]); `None` where no matmul of the call needs them.
+    pub octets: Option<super::q8_layouts::Octets<'c, 'a>>,
+    /// The rows again with each two blocks' halves side by side ([`super::q8_layouts::pairs`],
+    /// `memref<R x k x i8>`) for the nibble formats' one-row steps; `None` where unused.
+    pub pairs: Option<Value<'c, 'a>>,
     /// Whether dot products use `vpdpbusd` ([`vnni`]).
     pub vnni: bool,
     /// Elements sharing one scale ([`span`]): 32, or 256 for the k-quants.
@@ -135,6 +138,7 @@ impl<'c, 'a> Acts<'c, 'a> {
             s16: b.alloca(&format!("memref<{max_rows}x{}xf32>", 2 * groups)),
             sums: b.alloca(&format!("memref<{max_rows}x{groups}xf32>")),
             octets: None,
+            pairs: None,
             vnni,
             span,
         };
@@ -320,6 +324,27 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                 b.ori(low, self.field(qh, 2 * k as i64, 2, 4))
             }
             other => unreachable!("{other} has no 8-bit codes"),
+        }
+    }
+
+    /// Two nibble-format blocks' codes in the order of [`super::q8_layouts::pairs`]:
+    /// `([self's 0..16 | next's 0..16], [self's 16..32 | next's 16..32])`.
+    pub fn pair_codes(&mut self, next: &mut Self) -> (Value<'c, 'a>, Value<'c, 'a>) {
+        let b = self.b;
+        let (qh, qs) = super::quant::nibble_layout(self.dtype);
+        let raw = b.shuffle_any(self.load(qs, 16), next.load(qs, 16), &(0..32).collect::<Vec<_>>());
+        let (lo, hi) = (b.andi(raw, self.splat8(15, 32)), b.shrui(raw, self.splat8(4, 32)));
+        match qh {
+            Some(off) => {
+                let (mine, theirs) = (self.high_bits(off), next.high_bits(off));
+                let low: Vec<usize> = (0..16).chain(32..48).collect();
+                let high: Vec<usize> = (16..32).chain(48..64).collect();
+                (
+                    b.ori(lo, b.shuffle_any(mine, theirs, &low)),
+                    b.ori(hi, b.shuffle_any(mine, theirs, &high)),
+                )
+            }
+            None => (lo, hi),
         }
     }
 

@@ -7,7 +7,7 @@
 //! Where a block's float work once ran on each of the 8 lanes of a partial sum, it now runs
 //! on one lane per output, and those lanes share vectors: a one-row step puts its weight rows
 //! in the lanes (the sums of 4 rows reduced together by horizontal adds), a tile of 8
-//! activation rows puts the rows in the lanes ([`crate::emit::q8_octets`]: the codes meet 8
+//! activation rows puts the rows in the lanes ([`crate::emit::q8_layouts`]: the codes meet 8
 //! rows in 8 `vpmaddubsw` and come out as one vector of 8 row sums). Every output takes the
 //! same operations in the same order either way, so decode = prefill bit for bit.
 //!
@@ -19,7 +19,7 @@
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_group};
-use crate::emit::q8_octets::{self, Octets};
+use crate::emit::q8_layouts::{self, Octets};
 use crate::emit::quant8::{Acts, CodeBlock, GROUP};
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -31,6 +31,14 @@ pub(super) fn exact_blocks(dtype: DType) -> bool {
         dtype,
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
     )
+}
+
+/// Whether one-row steps over `dtype` take two blocks at a time
+/// ([`crate::emit::q8_layouts::pairs`]): q4_0, q4_1 and q5_0, not q5_1 (`quant_speed`, one
+/// thread, x86-64-v3 code, 2-core Zen 4, n 4864, k 896, decode Gweights/s one block → two:
+/// q4_0 34.0 → 43.1, q4_1 28.7 → 32.7, q5_0 22.3 → 23.6, q5_1 20.2 → 19.0).
+pub(super) fn in_pairs(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0)
 }
 
 /// A block's offset: q4_0's and q5_0's codes are `c - off`, q4_1's and q5_1's values have a
@@ -175,6 +183,76 @@ fn block_step<'c, 'a>(
     }
 }
 
+/// Up to 4 weight rows' sums over a pair of blocks (`codes`: each row's
+/// [`CodeBlock::pair_codes`]) with one activation row's pair (`lo`, `hi`: the blocks' halves in
+/// the same order) as `[block 1: rows 0..4 | block 2: rows 0..4]` (rows padded by repeating the
+/// first). In i16 as far as the codes allow: a row's two `vpmaddubsw` add to at most
+/// `2 · 2 · 15 · 127` over 4-bit codes, and two `vphaddw` rounds keep 4-bit sums below `2^15`;
+/// 5-bit codes widen after one round.
+fn pair_totals<'c, 'a>(
+    b: Kb<'c, 'a>,
+    dtype: DType,
+    codes: &[(Value<'c, 'a>, Value<'c, 'a>)],
+    lo: Value<'c, 'a>,
+    hi: Value<'c, 'a>,
+    vnni: bool,
+) -> Value<'c, 'a> {
+    let mut codes = codes.to_vec();
+    assert!(codes.len() <= 4, "pairs of blocks take at most 4 weight rows");
+    while codes.len() < 4 {
+        codes.push(codes[0]);
+    }
+    let ones = b.int_splat(1, 16, "i16");
+    if vnni {
+        let dots: Vec<Value> = codes
+            .iter()
+            .map(|&(l, h)| b.dot_u8_i8(b.dot_u8_i8(b.int_splat(0, 8, "i32"), l, lo), h, hi))
+            .collect();
+        return hadd(b, hadd(b, dots[0], dots[1]), hadd(b, dots[2], dots[3]));
+    }
+    let p: Vec<Value> = codes
+        .iter()
+        .map(|&(l, h)| b.addi(b.madd_u8_i8(l, lo), b.madd_u8_i8(h, hi)))
+        .collect();
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 => b.madd_i16(hadd(b, hadd(b, p[0], p[1]), hadd(b, p[2], p[3])), ones),
+        _ => hadd(
+            b,
+            b.madd_i16(hadd(b, p[0], p[1]), ones),
+            b.madd_i16(hadd(b, p[2], p[3]), ones),
+        ),
+    }
+}
+
+/// Block `blk` of one-row code: weight rows `cols` of `w` against activation row `r`.
+struct LaneBlock<'c, 'y, 'z> {
+    w: Value<'c, 'z>,
+    dtype: DType,
+    cols: &'z [Value<'c, 'z>],
+    acts: &'z Acts<'c, 'z>,
+    blk: Value<'c, 'y>,
+    r: Value<'c, 'y>,
+}
+
+/// The float step of block `at.blk` for the weight rows in the lanes, their exact sums `f`
+/// (`vector<n x f32>`): their `D` gathered, times the row's `d`.
+fn lane_step<'c, 'y>(b: Kb<'c, 'y>, at: LaneBlock<'c, 'y, '_>, f: Value<'c, 'y>, acc: Value<'c, 'y>) -> Value<'c, 'y> {
+    let LaneBlock {
+        w,
+        dtype,
+        cols,
+        acts,
+        blk,
+        r,
+    } = at;
+    let n = cols.len();
+    let scales = gather_halves(b, w, dtype, cols, blk, 0);
+    let splat = |mem| b.broadcast(b.load_f32(mem, &[r, blk], 1), n);
+    let scale = b.mulf(scales, splat(acts.d));
+    let min = || (gather_halves(b, w, dtype, cols, blk, 2), splat(acts.s32));
+    block_step(b, offset(dtype), f, splat(acts.sums), scale, min, acc)
+}
+
 /// A quad's `[rows' Σ over chunks 0..4 | rows' Σ over chunks 4..8]` (i32) from the spread
 /// weight chunks and the quad's chunk vectors: one `vpdpbusd` per chunk, or `vpmaddubsw`
 /// pairs added in i16 (at most `4 · 2 · 31 · 127`) and one `vpmaddwd`; q8_0's signed codes
@@ -222,13 +300,14 @@ impl<'c, 'a> MatMul<'c, 'a> {
         acts: &Acts<'c, '_>,
     ) {
         match acts.octets {
-            Some(oct) if t.m == q8_octets::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
+            Some(oct) if t.m == q8_layouts::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
             _ => self.q8_lanes(b, w, dtype, t, acts),
         }
     }
 
     /// Walks the blocks of the tile's weight rows in steps of `unroll`, prefetching as
-    /// [`MatMul::q8_rows`] does; `body(b, blk, acc)` folds block `blk` into `acc`.
+    /// [`MatMul::q8_rows`] does; `body(b, blk, acc)` folds blocks `blk .. blk + per` into
+    /// `acc`.
     #[allow(clippy::too_many_arguments)]
     fn q8_block_loop<'x, F>(
         &self,
@@ -238,6 +317,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         cols: &[Value<'c, 'x>],
         end: Value<'c, '_>,
         inits: &[Value<'c, 'x>],
+        per: usize,
         body: F,
     ) -> Vec<Value<'c, 'x>>
     where
@@ -245,6 +325,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     {
         let blocks = self.k / dtype.block_elems();
         let unroll = super::q8::blocks_per_step(dtype, blocks);
+        assert!(unroll.is_multiple_of(per), "steps of {unroll} blocks, calls of {per}");
         let row_bytes = dtype.bytes_for(self.k);
         let span = unroll * dtype.block_bytes();
         let (zero, hi, step) = (b.idx(0), b.idx(blocks), b.idx(unroll));
@@ -252,7 +333,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             let mut acc = acc;
             let off = b.muli(kb, b.idx(dtype.block_bytes()));
             prefetch_group(b, w, cols[0], cols.len(), off, span, row_bytes, end);
-            for u in 0..unroll {
+            for u in (0..unroll).step_by(per) {
                 body(b, b.addi(kb, b.idx(u)), &mut acc);
             }
             acc
@@ -260,39 +341,70 @@ impl<'c, 'a> MatMul<'c, 'a> {
     }
 
     /// Any tile, one activation row at a time: the weight rows' block sums reduced into one
-    /// vector (lane = weight row), then one float step for all of them.
+    /// vector (lane = weight row), then one float step for all of them. The formats
+    /// [`in_pairs`] names take two blocks per call where the rows come in pairs of blocks too
+    /// and the tile has at most 4 weight rows.
     fn q8_lanes(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
-        let off = offset(dtype);
         let (rows, cols, _) = t.start(b, 1, 0);
         let n = cols.len();
         let inits: Vec<Value> = rows.iter().map(|_| b.f32_splat(0.0, n)).collect();
-        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, |b, blk, acc| {
-            let mut blocks: Vec<CodeBlock> = cols.iter().map(|&c| CodeBlock::new(b, w, dtype, c, blk)).collect();
-            let codes: Vec<Value> = blocks.iter_mut().map(|blk| blk.codes(0)).collect();
-            let scales = gather_halves(b, w, dtype, &cols, blk, 0);
-            let mins = matches!(off, Offset::Min).then(|| gather_halves(b, w, dtype, &cols, blk, 2));
-            let k0 = b.muli(blk, b.idx(GROUP));
-            for (i, &r) in rows.iter().enumerate() {
-                let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-                // q8_0's signed pairs (up to 2 · 128 · 127) leave no room to add them in i16.
-                let sums = if acts.vnni || dtype == DType::Q8_0 {
-                    let dots: Vec<Value> = blocks
-                        .iter()
-                        .zip(&codes)
-                        .map(|(blk, &c)| blk.dot(c, q, acts.vnni))
-                        .collect();
-                    totals(b, &dots)
-                } else {
-                    let pairs: Vec<Value> = codes.iter().map(|&c| b.madd_u8_i8(c, q)).collect();
-                    totals16(b, &pairs)
-                };
-                let f = b.sitofp(sums);
-                let splat = |mem| b.broadcast(b.load_f32(mem, &[r, blk], 1), n);
-                let scale = b.mulf(scales, splat(acts.d));
-                let min = || (mins.expect("a min format"), splat(acts.s32));
-                acc[i] = block_step(b, off, f, splat(acts.sums), scale, min, acc[i]);
-            }
-        });
+        let paired = acts.pairs.filter(|_| n <= 4 && in_pairs(dtype));
+        let acc = match paired {
+            Some(pairs) => self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, 2, |b, blk, acc| {
+                let next = b.addi(blk, b.idx(1));
+                let codes: Vec<(Value, Value)> = cols
+                    .iter()
+                    .map(|&c| CodeBlock::new(b, w, dtype, c, blk).pair_codes(&mut CodeBlock::new(b, w, dtype, c, next)))
+                    .collect();
+                let k0 = b.muli(blk, b.idx(GROUP));
+                for (i, &r) in rows.iter().enumerate() {
+                    let lo = b.load_bytes(pairs, &[r, k0], GROUP);
+                    let hi = b.load_bytes(pairs, &[r, b.addi(k0, b.idx(GROUP))], GROUP);
+                    let sums = b.sitofp(pair_totals(b, dtype, &codes, lo, hi, acts.vnni));
+                    for (h, k) in [(0, blk), (1, next)] {
+                        let f = b.shuffle_any(sums, sums, &(4 * h..4 * h + n).collect::<Vec<_>>());
+                        let at = LaneBlock {
+                            w,
+                            dtype,
+                            cols: &cols,
+                            acts,
+                            blk: k,
+                            r,
+                        };
+                        acc[i] = lane_step(b, at, f, acc[i]);
+                    }
+                }
+            }),
+            None => self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, 1, |b, blk, acc| {
+                let mut blocks: Vec<CodeBlock> = cols.iter().map(|&c| CodeBlock::new(b, w, dtype, c, blk)).collect();
+                let codes: Vec<Value> = blocks.iter_mut().map(|blk| blk.codes(0)).collect();
+                let k0 = b.muli(blk, b.idx(GROUP));
+                for (i, &r) in rows.iter().enumerate() {
+                    let q = b.load_bytes(acts.q, &[r, k0], GROUP);
+                    // q8_0's signed pairs (up to 2 · 128 · 127) leave no room to add them in i16.
+                    let sums = if acts.vnni || dtype == DType::Q8_0 {
+                        let dots: Vec<Value> = blocks
+                            .iter()
+                            .zip(&codes)
+                            .map(|(blk, &c)| blk.dot(c, q, acts.vnni))
+                            .collect();
+                        totals(b, &dots)
+                    } else {
+                        let pairs: Vec<Value> = codes.iter().map(|&c| b.madd_u8_i8(c, q)).collect();
+                        totals16(b, &pairs)
+                    };
+                    let at = LaneBlock {
+                        w,
+                        dtype,
+                        cols: &cols,
+                        acts,
+                        blk,
+                        r,
+                    };
+                    acc[i] = lane_step(b, at, b.sitofp(sums), acc[i]);
+                }
+            }),
+        };
         for (i, &row) in rows.iter().enumerate() {
             for (c, &col) in cols.iter().enumerate() {
                 self.finish(b, b.extract(acc[i], c), row, col);
@@ -314,11 +426,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
         oct: &Octets<'c, '_>,
     ) {
         let off = offset(dtype);
-        let rows_n = q8_octets::ROWS;
+        let rows_n = q8_layouts::ROWS;
         let (rows, cols, _) = t.start(b, 1, 0);
         let oc = b.divui(t.r0, b.idx(rows_n));
         let inits: Vec<Value> = cols.iter().map(|_| b.f32_splat(0.0, rows_n)).collect();
-        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, |b, blk, acc| {
+        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, 1, |b, blk, acc| {
             let zero = b.idx(0);
             let per_row = |mem| b.load_f32(mem, &[oc, blk, zero], rows_n);
             for (c, &col) in cols.iter().enumerate() {

@@ -1,7 +1,9 @@
-//! `--precision q8` activation rows eight at a time, laid out so that one weight block's codes
-//! meet eight rows in a few instructions and leave each row's exact block sum in its own lane
-//! (`matmul/q8_blocks.rs`).
+//! `--precision q8` activation rows rearranged once per call for the exact block sums of
+//! `matmul/q8_blocks.rs`: in octets, so that one weight block's codes meet eight rows in a few
+//! instructions and leave each row's block sum in its own lane, and in pairs of blocks, so
+//! that one-row decode takes two blocks of 4-bit codes per vector.
 //!
+//! Octets.
 //! A group's 32 codes are eight 4-byte chunks; a row's group vector holds chunks 0..4 in its
 //! low 128 bits and 4..8 in its high 128 bits. For rows `a b c d` (a quad) and chunk `k < 4`
 //! the octet stores `[a_k b_k c_k d_k | a_{k+4} b_{k+4} c_{k+4} d_{k+4}]`: a weight block's
@@ -38,6 +40,31 @@ pub fn join<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
     }
     let (lo, hi) = parts.split_at(parts.len() / 2);
     b.shuffle_any(join(b, lo), join(b, hi), &(0..parts.len()).collect::<Vec<_>>())
+}
+
+/// A call's rows with each two blocks' codes as the nibble formats hold them (`memref<R x k x
+/// i8>`): bytes `64p .. 64p + 32` are `[block 2p's elements 0..16 | block 2p+1's 0..16]`,
+/// bytes `64p + 32 .. 64p + 64` their elements `16..32`. A pair of q4_0 blocks' 16-byte code
+/// arrays side by side (one load and one `vinserti128`) gives their low nibbles and high
+/// nibbles in these orders with one `vpand` and one shift, where one block alone takes a shift,
+/// a `vinserti128` and a `vpand`.
+pub fn pairs<'c, 'a>(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Value<'c, 'a> {
+    assert!(k.is_multiple_of(2 * GROUP), "k = {k} is no whole number of block pairs");
+    let out = b.alloca(&format!("memref<{max_rows}x{k}xi8>"));
+    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+        b.for_each(b.idx(0), b.idx(k), b.idx(2 * GROUP), |b, k0| {
+            let second = b.addi(k0, b.idx(GROUP));
+            let (x, y) = (
+                b.load_bytes(acts.q, &[r, k0], GROUP),
+                b.load_bytes(acts.q, &[r, second], GROUP),
+            );
+            let low: Vec<usize> = (0..16).chain(32..48).collect();
+            let high: Vec<usize> = (16..32).chain(48..64).collect();
+            b.store(b.shuffle_any(x, y, &low), out, &[r, k0]);
+            b.store(b.shuffle_any(x, y, &high), out, &[r, second]);
+        });
+    });
+    out
 }
 
 impl<'c, 'a> Octets<'c, 'a> {
