@@ -13,7 +13,7 @@
 use super::Dyn;
 use super::elementwise::gated_at;
 use super::matmul::{
-    MatMul, bf16_rows, decode_float_rows, decode_split, normalised_rows, q8_acts, with_decode_cols, with_octets,
+    MatMul, bf16_rows, decode_float_rows, decode_split, normalised_rows, q8_acts, with_decode_cols, with_layouts,
 };
 use crate::ir::{Kb, lanes_for};
 use kiln_core::Kernel;
@@ -55,7 +55,7 @@ pub fn emit_gate_up<'c, 'a>(
     let same_span = super::quant8::span(*gate_dtype) == super::quant8::span(*up_dtype);
     let up_q8 = match gate_q8 {
         Some(acts) if same_span && super::quant8::supports(*up_dtype) => {
-            Some(with_octets(b, d, acts, *up_dtype, k, max_rows))
+            Some(with_layouts(b, d, acts, *up_dtype, k, max_rows))
         }
         _ => q8_acts(b, d, x, *up_dtype, k, max_rows, opts),
     };

@@ -97,13 +97,13 @@ pub(super) fn q8_acts<'c, 'a>(
 ) -> Option<quant8::Acts<'c, 'a>> {
     (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype)).then(|| {
         let acts = quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype));
-        with_octets(b, d, acts, dtype, k, max_rows)
+        with_layouts(b, d, acts, dtype, k, max_rows)
     })
 }
 
 /// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
 /// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`].
-pub(super) fn with_octets<'c, 'a>(
+pub(super) fn with_layouts<'c, 'a>(
     b: Kb<'c, 'a>,
     d: Dyn<'c, '_>,
     mut acts: quant8::Acts<'c, 'a>,
