@@ -929,40 +929,56 @@ impl<'c, 'a> Kb<'c, 'a> {
         });
     }
 
-    /// `while (let i = next(); cond) { body(i) }` as `scf.while`: `next` computes the loop
-    /// condition and an index forwarded to `body`; nothing else is carried.
-    pub fn while_do<N, F>(&self, next: N, body: F)
+    /// `scf.while` carrying `inits`: `next(carried)` computes the loop condition and the values
+    /// forwarded to `body`; `body(forwarded)` returns the next carried values.
+    pub fn while_loop<N, F>(&self, inits: &[Value<'c, '_>], next: N, body: F)
     where
-        N: for<'b> FnOnce(Kb<'c, 'b>) -> (Value<'c, 'b>, Value<'c, 'b>),
-        F: for<'b> FnOnce(Kb<'c, 'b>, Value<'c, 'b>),
+        N: for<'b> FnOnce(Kb<'c, 'b>, Vec<Value<'c, 'b>>) -> (Value<'c, 'b>, Vec<Value<'c, 'b>>),
+        F: for<'b> FnOnce(Kb<'c, 'b>, Vec<Value<'c, 'b>>) -> Vec<Value<'c, 'b>>,
     {
-        let index = self.index_ty();
-        let before = Block::new(&[]);
-        {
+        let carried_types: Vec<Type> = inits.iter().map(|v| v.r#type()).collect();
+        let block_args =
+            |types: &[Type<'c>]| -> Vec<(Type<'c>, Location<'c>)> { types.iter().map(|&t| (t, self.loc)).collect() };
+        let arguments = |block: &Block<'c>, count: usize| -> Vec<Value<'c, '_>> {
+            (0..count)
+                .map(|i| block.argument(i).expect("block argument").into())
+                .collect()
+        };
+        let before = Block::new(&block_args(&carried_types));
+        let forwarded_types = {
             let inner = Kb {
                 ctx: self.ctx,
                 loc: self.loc,
                 blk: &before,
             };
-            let (cond, i) = next(inner);
-            inner.op("scf.condition", &[cond, i], &[], &[]);
-        }
-        let after = Block::new(&[(index, self.loc)]);
+            let (cond, forwarded) = next(inner, arguments(&before, carried_types.len()));
+            let types: Vec<Type> = forwarded.iter().map(|v| v.r#type()).collect();
+            let mut operands = vec![cond];
+            operands.extend(forwarded);
+            inner.op("scf.condition", &operands, &[], &[]);
+            types
+        };
+        let after = Block::new(&block_args(&forwarded_types));
         {
             let inner = Kb {
                 ctx: self.ctx,
                 loc: self.loc,
                 blk: &after,
             };
-            let i: Value = after.argument(0).expect("forwarded index").into();
-            body(inner, i);
-            inner.op("scf.yield", &[], &[], &[]);
+            let next_carried = body(inner, arguments(&after, forwarded_types.len()));
+            assert_eq!(
+                next_carried.len(),
+                inits.len(),
+                "scf.while body must yield one value per carried value"
+            );
+            inner.op("scf.yield", &next_carried, &[], &[]);
         }
         let (before_region, after_region) = (Region::new(), Region::new());
         before_region.append_block(before);
         after_region.append_block(after);
         let op = OperationBuilder::new("scf.while", self.loc)
-            .add_results(&[index])
+            .add_operands(inits)
+            .add_results(&forwarded_types)
             .add_regions([before_region, after_region])
             .build()
             .expect("valid scf.while");

@@ -428,7 +428,10 @@ pub fn thread_range<'c, 'a>(
 /// 0.5-0.6 ms of barrier waits per token on the 0.5B shape (half a chunk at every
 /// barrier-ending step), and most of the waits of a 135M model. Outputs never depend on which
 /// thread computes them, so results stay the same for any thread count or timing.
-/// `body(b, start, end)` processes items `start..end`.
+/// `body(b, start, end)` processes items `start..end`. It is emitted once, inside one loop
+/// whose first range is the thread's static share and whose later ranges are claims: a body
+/// written twice (static part, then claimed chunks) doubled the code LLVM optimises and
+/// generates, most of a cold compile's time.
 pub fn split_work<'c, F>(b: Kb<'c, '_>, d: Dyn<'c, '_>, total: usize, align: usize, min_chunk: usize, body: F)
 where
     F: for<'x> Fn(Kb<'c, 'x>, Value<'c, 'x>, Value<'c, 'x>),
@@ -437,12 +440,13 @@ where
     let static_units = units * 3 / 4;
     let dynamic_units = units - static_units;
     let static_items = (static_units * align).min(total);
-    if static_items > 0 {
-        let (start, end) = thread_range(b, b.idx(static_items), d, align);
-        body(b, start, end);
-    }
+    let (own_start, own_end) = if static_items > 0 {
+        thread_range(b, b.idx(static_items), d, align)
+    } else {
+        (b.idx(0), b.idx(0))
+    };
     if dynamic_units == 0 {
-        return;
+        return body(b, own_start, own_end);
     }
     let min_units = min_chunk.div_ceil(align).max(1);
     // The end of the chunk starting at unit `s`: s + max(left / (2 nth), min), within bounds.
@@ -451,21 +455,24 @@ where
         let share = b.divui(left, b.muli(d.nth, b.idx(2)));
         b.minui(b.addi(s, max_index(b, share, b.idx(min))), b.idx(units))
     }
-    b.while_do(
-        |b| {
-            // Where claim `c` starts: the chunk lengths of claims 0..c, summed (each claimant
-            // replays the schedule; it is a few integer operations per earlier claim).
+    // Carried: the next range and whether there is one (the static share first, then each
+    // claimed chunk).
+    b.while_loop(
+        &[own_start, own_end, b.idx(1)],
+        |b, next| (b.cmpi(Cmp::Ne, next[2], b.idx(0)), vec![next[0], next[1]]),
+        |b, range| {
+            body(b, range[0], range[1]);
+            // Where the next claim starts: the chunk lengths of claims 0..c, summed (each
+            // claimant replays the schedule; it is a few integer operations per earlier claim).
             let claim = b.fetch_inc(d.work);
-            let acc = b.for_range(b.idx(0), claim, b.idx(1), &[b.idx(0)], |b, _, acc| {
+            let lo = b.for_range(b.idx(0), claim, b.idx(1), &[b.idx(0)], |b, _, acc| {
                 vec![chunk_end(b, d, acc[0], dynamic_units, min_units)]
-            });
-            (b.cmpi(Cmp::Ult, acc[0], b.idx(dynamic_units)), acc[0])
-        },
-        |b, lo| {
+            })[0];
             let hi = chunk_end(b, d, lo, dynamic_units, min_units);
             let start = b.addi(b.idx(static_items), b.muli(lo, b.idx(align)));
             let end = b.minui(b.addi(b.idx(static_items), b.muli(hi, b.idx(align))), b.idx(total));
-            body(b, start, end);
+            let more = b.cmpi(Cmp::Ult, lo, b.idx(dynamic_units));
+            vec![start, end, b.select(more, b.idx(1), b.idx(0))]
         },
     );
 }
