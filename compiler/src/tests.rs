@@ -11,6 +11,7 @@ use kiln_core::{
 };
 use std::sync::OnceLock;
 
+mod attention_tiles;
 mod float_order;
 mod kv;
 mod ops;

@@ -269,8 +269,9 @@ fn arg_types(kernel: &Kernel) -> Vec<String> {
             ..
         } => vec![
             memref(&[*max_rows, heads * head_dim], "f32"),
-            kv_cache(*kv_heads, *ctx, *head_dim, *kv),
-            kv_cache(*kv_heads, *ctx, *head_dim, *kv),
+            // Flat views: a block of keys is one run of rows, addressed from one start.
+            memref(&[abi::MAX_SLOTS * kv_heads * ctx * head_dim], elem(*kv)),
+            memref(&[abi::MAX_SLOTS * kv_heads * ctx * head_dim], elem(*kv)),
             memref(&[*max_rows, heads * head_dim], "f32"),
             row_info(*max_rows),
         ],

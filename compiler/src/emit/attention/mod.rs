@@ -1,5 +1,5 @@
 //! Causal grouped-query attention over the KV cache, one (row, run of query heads sharing a KV
-//! head) per work item.
+//! head) per work item, or one (tile of rows, KV head) ([`tiles`]).
 //!
 //! Keys are taken a block of `lanes` positions at a time (flash-decoding style): the block's
 //! dot products are computed as independent FMA chains and summed into one vector of scores by
@@ -18,11 +18,31 @@
 //! rescaled accumulators) becomes two chains of half the length. At a 4000-token prompt on the
 //! Qwen2.5-0.5B shape (2-core Zen 5, f16 cache) attention went from 2.11 to 1.80 ms per prompt
 //! token in prefill and from 5.66 to 5.21 ms per decoded token (`KILN_PROFILE`).
+//! Without a sliding window, calls with a tile of rows for every thread take the same per-head
+//! steps in tiles ([`tiles`]), so a chunk of keys is read once per tile, not once per row
+//! and query head.
+
+mod tiles;
 
 use super::{Dyn, max_index, thread_range};
 use crate::ir::{Cmp, Kb, lanes_for};
 use kiln_core::{DType, Kernel};
 use melior::ir::Value;
+
+/// Row `r`'s first cache row of KV head `kv_head` (of its own slot, in the slot-major,
+/// head-major caches: `(slot * kv_heads + kv_head) * ctx`) and the end of its keys.
+fn cache_rows<'c, 'b>(
+    b: Kb<'c, 'b>,
+    row_info: Value<'c, '_>,
+    kv_heads: usize,
+    ctx: usize,
+    kv_head: Value<'c, '_>,
+    r: Value<'c, '_>,
+) -> (Value<'c, 'b>, Value<'c, 'b>) {
+    let place = super::row_place(b, row_info, r);
+    let kv = b.addi(b.muli(place.slot, b.idx(kv_heads)), kv_head);
+    (b.muli(kv, b.idx(ctx)), b.addi(place.position, b.idx(1)))
+}
 
 pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dyn<'c, '_>, max_lanes: usize) {
     let Kernel::Attention {
@@ -66,13 +86,7 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
             let runs_c = b.idx(runs);
             let r = b.divui(item, runs_c);
             let h0 = b.muli(b.remui(item, runs_c), b.idx(together));
-            // These heads' keys and values: rows `(slot * kv_heads + kv_head) * ctx ..` of the
-            // slot-major, head-major caches.
-            let place = super::row_place(b, row_info, r);
-            let kv_head = b.addi(b.muli(place.slot, b.idx(*kv_heads)), b.divui(h0, b.idx(group)));
-            let kv_base = b.muli(kv_head, b.idx(*ctx));
-            let position = place.position;
-            let last = b.addi(position, one);
+            let (kv_base, last) = cache_rows(b, row_info, *kv_heads, *ctx, b.divui(h0, b.idx(group)), r);
             let first = match window {
                 // Keys in (position - window, position]: `window` keys including this one.
                 Some(w) => {
@@ -82,48 +96,53 @@ pub fn emit_attention<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d
                 }
                 None => b.idx(0),
             };
-            let qc0s: Vec<Value> = (0..together)
-                .map(|t| b.muli(b.addi(h0, b.idx(t)), b.idx(dim)))
-                .collect();
-            let qvs: Vec<Vec<Value>> = qc0s
-                .iter()
-                .map(|&qc0| {
-                    (0..a.nvec)
-                        .map(|i| b.load_f32(q, &[r, b.addi(qc0, b.idx(i * lanes))], lanes))
-                        .collect()
-                })
-                .collect();
+            let qvs: Vec<Vec<Value>> = (0..together).map(|t| a.query(b, q, r, b.addi(h0, b.idx(t)))).collect();
             let states = if lanes >= 4 {
                 a.blocked(b, &qvs, kv_base, first, last)
             } else {
                 qvs.iter().map(|qv| a.per_key(b, qv, kv_base, first, last)).collect()
             };
-            for ((l, acc), &qc0) in states.into_iter().zip(&qc0s) {
-                let inv_l = b.divf(b.f32c(1.0), l);
-                let inv_v = if lanes == 1 { inv_l } else { b.broadcast(inv_l, lanes) };
-                for (i, &acc) in acc.iter().enumerate() {
-                    b.store(b.mulf(acc, inv_v), out, &[r, b.addi(qc0, b.idx(i * lanes))]);
-                }
+            for (t, state) in states.into_iter().enumerate() {
+                a.write_out(b, out, r, b.addi(h0, b.idx(t)), state);
             }
         });
     };
-    if together == 1 {
-        return items(b, 1);
+    let per_row = |b: Kb<'c, '_>| {
+        if together == 1 {
+            return items(b, 1);
+        }
+        // Grouped heads make fewer, longer items: with few rows (one-row decode) the threads
+        // would get unequal shares, so those calls keep one head per item.
+        let enough = b.cmpi(
+            Cmp::Uge,
+            b.muli(d.rows, b.idx(heads / together)),
+            b.muli(d.nth, b.idx(4)),
+        );
+        b.if_then(enough, |b| items(b, together));
+        let few = b.cmpi(
+            Cmp::Ult,
+            b.muli(d.rows, b.idx(heads / together)),
+            b.muli(d.nth, b.idx(4)),
+        );
+        b.if_then(few, |b| items(b, 1));
+    };
+    if window.is_some() || lanes < 4 {
+        return per_row(b);
     }
-    // Grouped heads make fewer, longer items: with few rows (one-row decode) the threads would
-    // get unequal shares, so those calls keep one head per item.
-    let enough = b.cmpi(
-        Cmp::Uge,
-        b.muli(d.rows, b.idx(heads / together)),
-        b.muli(d.nth, b.idx(4)),
-    );
-    b.if_then(enough, |b| items(b, together));
-    let few = b.cmpi(
-        Cmp::Ult,
-        b.muli(d.rows, b.idx(heads / together)),
-        b.muli(d.nth, b.idx(4)),
-    );
-    b.if_then(few, |b| items(b, 1));
+    // Calls with a tile for every thread attend in tiles of rows.
+    let tiles = b.ceildivui(d.rows, b.idx(tiles::TILE_ROWS));
+    let tiled = b.cmpi(Cmp::Uge, b.muli(tiles, b.idx(*kv_heads)), d.nth);
+    let t = tiles::Tiled {
+        q,
+        out,
+        row_info,
+        heads: *heads,
+        kv_heads: *kv_heads,
+        ctx: *ctx,
+    };
+    b.if_then(tiled, |b| a.tiled_items(b, &t, d));
+    let untiled = b.cmpi(Cmp::Ult, b.muli(tiles, b.idx(*kv_heads)), d.nth);
+    b.if_then(untiled, per_row);
 }
 
 /// Query heads of one KV head that one work item attends together, a block of keys at a time:
@@ -145,6 +164,7 @@ fn heads_together(group: usize, lanes: usize, nvec: usize) -> usize {
 }
 
 struct Attn<'c, 'a> {
+    /// The key and value caches as flat views (`kv_base + position` is a row of `head_dim`).
     kc: Value<'c, 'a>,
     vc: Value<'c, 'a>,
     /// How the caches store keys and values (widened to f32 as they are loaded).
@@ -183,6 +203,63 @@ impl<'c, 'a> Attn<'c, 'a> {
         }
     }
 
+    /// How every head's softmax states are laid out in this kernel (the same for every item,
+    /// grouped or not, tiled or not).
+    fn layout(&self) -> Layout {
+        let streams = self.streams(self.grouped);
+        // Two interleaved sets of value accumulators when the head is short and one stream
+        // carries it, so the chains of FMAs into them are twice as many and half as long.
+        let sets = if self.nvec < 8 && streams == 1 { 2 } else { 1 };
+        Layout {
+            streams,
+            sets,
+            per_state: 2 + sets * self.nvec,
+        }
+    }
+
+    /// The states of `heads` heads before any key: maximum -inf, sum 0, values 0.
+    fn initial_states<'b>(&self, b: Kb<'c, 'b>, heads: usize, lay: Layout) -> Vec<Value<'c, 'b>> {
+        let mut inits = Vec::with_capacity(heads * lay.streams * lay.per_state);
+        for _ in 0..heads * lay.streams {
+            inits.extend([b.f32c(f32::NEG_INFINITY), b.f32c(0.0)]);
+            inits.extend((0..lay.sets * self.nvec).map(|_| b.zero_like(self.lanes)));
+        }
+        inits
+    }
+
+    /// Where the main loop over keys `first..last` ends: after the last whole unit (a pair of
+    /// blocks with two streams, one block with one).
+    fn units_end<'b>(&self, b: Kb<'c, 'b>, first: Value<'c, '_>, last: Value<'c, '_>, lay: Layout) -> Value<'c, 'b> {
+        let unit = b.idx(lay.streams * self.lanes);
+        b.addi(first, b.muli(b.divui(b.subi(last, first), unit), unit))
+    }
+
+    /// The main loop over whole units from `from` to `to` (a multiple of the unit apart): with
+    /// two streams, a unit's even block goes to the first state and its odd block to the
+    /// second.
+    #[allow(clippy::too_many_arguments)]
+    fn units<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        qvs: &[Vec<Value<'c, '_>>],
+        kv_base: Value<'c, '_>,
+        from: Value<'c, '_>,
+        to: Value<'c, '_>,
+        st: &[Value<'c, '_>],
+        lay: Layout,
+    ) -> Vec<Value<'c, 'b>> {
+        let bl = b.idx(self.lanes);
+        if lay.streams == 2 {
+            b.for_range(from, to, b.idx(2 * self.lanes), st, |b, base, st| {
+                self.step(b, qvs, kv_base, &[(0, base), (1, b.addi(base, bl))], None, st, lay)
+            })
+        } else {
+            b.for_range(from, to, bl, st, |b, base, st| {
+                self.step(b, qvs, kv_base, &[(0, base)], None, st, lay)
+            })
+        }
+    }
+
     /// Keys `first..last` in blocks of `lanes` positions for each head of `qvs`; the last block
     /// is masked. Each head keeps `streams` softmax states: with two, even blocks go to one and
     /// odd blocks to the other, merged at the end, so the loop-carried chain (running maximum,
@@ -197,39 +274,36 @@ impl<'c, 'a> Attn<'c, 'a> {
         first: Value<'c, '_>,
         last: Value<'c, '_>,
     ) -> Vec<State<'c, 'b>> {
-        let lanes = self.lanes;
-        let streams = self.streams(self.grouped);
-        // Two interleaved sets of value accumulators when the head is short and one stream
-        // carries it, so the chains of FMAs into them are twice as many and half as long.
-        let sets = if self.nvec < 8 && streams == 1 { 2 } else { 1 };
-        let per_state = 2 + sets * self.nvec;
-        let mut inits = Vec::with_capacity(qvs.len() * streams * per_state);
-        for _ in 0..qvs.len() * streams {
-            inits.extend([b.f32c(f32::NEG_INFINITY), b.f32c(0.0)]);
-            inits.extend((0..sets * self.nvec).map(|_| b.zero_like(lanes)));
-        }
+        let lay = self.layout();
+        let inits = self.initial_states(b, qvs.len(), lay);
+        let units_end = self.units_end(b, first, last, lay);
+        let st = self.units(b, qvs, kv_base, first, units_end, &inits, lay);
+        self.finish(b, qvs, kv_base, units_end, last, st, lay)
+    }
+
+    /// The keys after the whole units (`units_end..last`): with two streams an odd full block
+    /// to the first state, then the masked remainder to the last; the states merged.
+    #[allow(clippy::too_many_arguments)]
+    fn finish<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        qvs: &[Vec<Value<'c, '_>>],
+        kv_base: Value<'c, '_>,
+        units_end: Value<'c, '_>,
+        last: Value<'c, '_>,
+        st: Vec<Value<'c, 'b>>,
+        lay: Layout,
+    ) -> Vec<State<'c, 'b>> {
+        let (lanes, streams, sets, per_state) = (self.lanes, lay.streams, lay.sets, lay.per_state);
         let bl = b.idx(lanes);
-        let count = b.subi(last, first);
-        let full_end = b.addi(first, b.muli(b.divui(count, bl), bl));
-        let lay = Layout {
-            streams,
-            sets,
-            per_state,
-        };
+        let full_end = b.addi(units_end, b.muli(b.divui(b.subi(last, units_end), bl), bl));
         let st = if streams == 2 {
-            let pair = b.idx(2 * lanes);
-            let pair_end = b.addi(first, b.muli(b.divui(count, pair), pair));
-            let st = b.for_range(first, pair_end, pair, &inits, |b, base, st| {
-                self.step(b, qvs, kv_base, &[(0, base), (1, b.addi(base, bl))], None, st, lay)
-            });
             // An odd full block (runs 0 or 1 times) to the first state.
-            b.for_range(pair_end, full_end, bl, &st, |b, base, st| {
+            b.for_range(units_end, full_end, bl, &st, |b, base, st| {
                 self.step(b, qvs, kv_base, &[(0, base)], None, st, lay)
             })
         } else {
-            b.for_range(first, full_end, bl, &inits, |b, base, st| {
-                self.step(b, qvs, kv_base, &[(0, base)], None, st, lay)
-            })
+            st
         };
         // The remainder: one more block, masked to the keys before `last` (runs 0 or 1 times),
         // to the last state.
@@ -264,6 +338,33 @@ impl<'c, 'a> Attn<'c, 'a> {
                 (l, acc)
             })
             .collect()
+    }
+
+    /// The query vectors of row `r`, head `head`.
+    fn query<'b>(&self, b: Kb<'c, 'b>, q: Value<'c, '_>, r: Value<'c, '_>, head: Value<'c, '_>) -> Vec<Value<'c, 'b>> {
+        let q0 = b.muli(head, b.idx(self.nvec * self.lanes));
+        (0..self.nvec)
+            .map(|i| b.load_f32(q, &[r, b.addi(q0, b.idx(i * self.lanes))], self.lanes))
+            .collect()
+    }
+
+    /// Writes head `head`'s output of row `r`: its weighted values over the sum of weights.
+    fn write_out<'b>(
+        &self,
+        b: Kb<'c, 'b>,
+        out: Value<'c, '_>,
+        r: Value<'c, '_>,
+        head: Value<'c, '_>,
+        state: State<'c, 'b>,
+    ) {
+        let (l, acc) = state;
+        let lanes = self.lanes;
+        let qc0 = b.muli(head, b.idx(self.nvec * lanes));
+        let inv_l = b.divf(b.f32c(1.0), l);
+        let inv_v = if lanes == 1 { inv_l } else { b.broadcast(inv_l, lanes) };
+        for (i, &acc) in acc.iter().enumerate() {
+            b.store(b.mulf(acc, inv_v), out, &[r, b.addi(qc0, b.idx(i * lanes))]);
+        }
     }
 
     /// One step over key blocks: for each head, each `(stream, base)` of `at` folds the block
@@ -314,22 +415,28 @@ impl<'c, 'a> Attn<'c, 'a> {
         sets: usize,
     ) -> Vec<Value<'c, 'b>> {
         let lanes = self.lanes;
-        let rows: Vec<Value> = (0..lanes)
-            .map(|j| {
-                let pos = b.addi(base, b.idx(j));
-                let pos = match limit {
-                    Some(lim) => b.minui(pos, b.subi(lim, b.idx(1))),
-                    None => pos,
-                };
-                b.addi(kv_base, pos)
-            })
-            .collect();
-        let dots: Vec<Value> = rows
+        let dim = self.nvec * lanes;
+        // Where each key's row starts in the flat caches. Unmasked, the block's rows are one
+        // run: one start and constant offsets (per-row index arithmetic had LLVM keep a
+        // pointer per key, spilled, about a fifth of the loop's instructions).
+        let starts: Vec<Value> = match limit {
+            None => {
+                let first = b.muli(b.addi(kv_base, base), b.idx(dim));
+                (0..lanes).map(|j| b.addi(first, b.idx(j * dim))).collect()
+            }
+            Some(lim) => (0..lanes)
+                .map(|j| {
+                    let pos = b.minui(b.addi(base, b.idx(j)), b.subi(lim, b.idx(1)));
+                    b.muli(b.addi(kv_base, pos), b.idx(dim))
+                })
+                .collect(),
+        };
+        let dots: Vec<Value> = starts
             .iter()
-            .map(|&row| {
+            .map(|&start| {
                 let mut dot = b.zero_like(lanes);
                 for (i, &qi) in qv.iter().enumerate() {
-                    let kv = b.load_weight(self.kc, &[row, b.idx(i * lanes)], lanes, self.kv);
+                    let kv = b.load_weight(self.kc, &[b.addi(start, b.idx(i * lanes))], lanes, self.kv);
                     dot = b.fma(qi, kv, dot);
                 }
                 dot
@@ -354,11 +461,11 @@ impl<'c, 'a> Attn<'c, 'a> {
         let l_new = b.addf(b.mulf(l, c_old), b.reduce_add(pw));
         let c_old_v = b.broadcast(c_old, lanes);
         let mut acc: Vec<Value> = st[2..].iter().map(|&a| b.mulf(a, c_old_v)).collect();
-        for (j, &row) in rows.iter().enumerate() {
+        for (j, &start) in starts.iter().enumerate() {
             let wj = b.splat_lane(pw, j);
             let set = (j % sets) * self.nvec;
             for i in 0..self.nvec {
-                let vv = b.load_weight(self.vc, &[row, b.idx(i * lanes)], lanes, self.kv);
+                let vv = b.load_weight(self.vc, &[b.addi(start, b.idx(i * lanes))], lanes, self.kv);
                 acc[set + i] = b.fma(wj, vv, acc[set + i]);
             }
         }
@@ -384,9 +491,9 @@ impl<'c, 'a> Attn<'c, 'a> {
         let st = b.for_range(first, last, one, &inits, |b, j, st| {
             let (m, l) = (st[0], st[1]);
             let mut dot = b.zero_like(lanes);
-            let row = b.addi(kv_base, j);
+            let start = b.muli(b.addi(kv_base, j), b.idx(self.nvec * lanes));
             for (i, &qi) in qv.iter().enumerate() {
-                let kv = b.load_weight(self.kc, &[row, b.idx(i * lanes)], lanes, self.kv);
+                let kv = b.load_weight(self.kc, &[b.addi(start, b.idx(i * lanes))], lanes, self.kv);
                 dot = b.fma(qi, kv, dot);
             }
             let s = self.score(b, b.mulf(b.reduce_add(dot), scale_c));
@@ -401,7 +508,7 @@ impl<'c, 'a> Attn<'c, 'a> {
             };
             let mut next = vec![m_new, l_new];
             for i in 0..self.nvec {
-                let vv = b.load_weight(self.vc, &[row, b.idx(i * lanes)], lanes, self.kv);
+                let vv = b.load_weight(self.vc, &[b.addi(start, b.idx(i * lanes))], lanes, self.kv);
                 next.push(b.fma(c_new_v, vv, b.mulf(st[2 + i], c_old_v)));
             }
             next
