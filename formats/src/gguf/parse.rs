@@ -804,6 +804,22 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// `n` strings read as bytes and checked as UTF-8 once, all together: a vocabulary is
+    /// ~150k short strings, and validating each on its own was most of a cached GGUF's
+    /// metadata parse. `None` (position left anywhere) when an element is cut short or not
+    /// UTF-8; the caller reads them again one by one to say which.
+    fn string_array_checked_once(&mut self, n: usize, count: u64) -> Option<StringArray> {
+        let what = || String::new();
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(reserve(count));
+        for _ in 0..n {
+            let len = self.u64(&what).ok()?;
+            bytes.extend_from_slice(self.take(len, &what).ok()?);
+            ends.push(bytes.len());
+        }
+        StringArray::from_utf8_parts(bytes, ends)
+    }
+
     /// One value of type `vt` (an element of an array when `depth > 0`).
     fn value(&mut self, vt: ValueType, key: &str, depth: usize) -> Result<Value, GgufError> {
         let what = || format!("the value of metadata key \"{key}\"");
@@ -888,6 +904,13 @@ impl<'a> Reader<'a> {
                 Array::Bool(v)
             }
             ValueType::String => {
+                let start = self.pos;
+                if let Some(v) = self.string_array_checked_once(n, count) {
+                    return Ok(Array::String(v));
+                }
+                // Something is wrong with an element: read them one by one again, for the
+                // error that names it.
+                self.pos = start;
                 let mut v = StringArray::with_capacity(reserve(count), 0);
                 for i in 0..n {
                     v.push(self.str(&|| format!("element {i} of metadata key \"{key}\""))?);

@@ -20,6 +20,15 @@ impl StringArray {
         }
     }
 
+    /// The array of the strings `bytes[ends[i - 1]..ends[i]]`, `None` unless every one is
+    /// UTF-8: the whole is UTF-8 and every end falls on a character boundary (a string that
+    /// is not UTF-8 either breaks the whole or cuts a character at one of its ends).
+    pub fn from_utf8_parts(bytes: Vec<u8>, ends: Vec<usize>) -> Option<StringArray> {
+        let text = String::from_utf8(bytes).ok()?;
+        let ordered = ends.windows(2).all(|w| w[0] <= w[1]) && ends.last().is_none_or(|&e| e == text.len());
+        (ordered && ends.iter().all(|&e| text.is_char_boundary(e))).then_some(StringArray { text, ends })
+    }
+
     pub fn push(&mut self, s: &str) {
         self.text.push_str(s);
         self.ends.push(self.text.len());
@@ -72,5 +81,24 @@ mod tests {
         assert_eq!(a.len(), 4);
         assert_eq!(a.iter().collect::<Vec<_>>(), ["", "ab", "", "é"]);
         assert_eq!((&a[1], a.get(4)), ("ab", None));
+    }
+
+    /// Built from raw parts, an array holds exactly the valid strings, and any element that is
+    /// not UTF-8 on its own is refused even when the concatenation is (a character split
+    /// across two elements), as are ends out of order or short of the bytes.
+    #[test]
+    fn raw_parts_are_checked_element_by_element() {
+        let a = StringArray::from_utf8_parts(b"abe\xcc\x81x".to_vec(), vec![0, 2, 5, 6]).unwrap();
+        assert_eq!(a.iter().collect::<Vec<_>>(), ["", "ab", "e\u{301}", "x"]);
+        let e_acute = "é".as_bytes().to_vec();
+        assert!(StringArray::from_utf8_parts(e_acute.clone(), vec![1, 2]).is_none());
+        assert!(StringArray::from_utf8_parts(e_acute.clone(), vec![2]).is_some());
+        assert!(StringArray::from_utf8_parts(vec![b'a', 0xff], vec![1, 2]).is_none());
+        assert!(StringArray::from_utf8_parts(b"abc".to_vec(), vec![2, 1, 3]).is_none());
+        assert!(StringArray::from_utf8_parts(b"abc".to_vec(), vec![2]).is_none());
+        assert_eq!(
+            StringArray::from_utf8_parts(Vec::new(), Vec::new()),
+            Some(StringArray::default())
+        );
     }
 }
