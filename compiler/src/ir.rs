@@ -194,6 +194,27 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn index_cast(&self, v: Value<'c, '_>, to: Type<'c>) -> Value<'c, 'a> {
         self.op1("arith.index_cast", &[v], to, &[])
     }
+    /// `v` unchanged, but opaque to LLVM's optimisers (an empty inline-asm statement that
+    /// claims to rewrite it): a loop bound made with it is not a constant, so the loop is kept
+    /// as a loop instead of being unrolled and rescheduled. Costs nothing at run time.
+    pub fn opaque_index(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        let wide = self.index_cast(v, self.ty("i64"));
+        self.index_cast(self.opaque(wide), self.index_ty())
+    }
+    /// An integer or vector value unchanged but opaque to LLVM (see [`Self::opaque_index`]):
+    /// it stops LLVM from folding the shuffles that made a vector into the ones that use it.
+    pub fn opaque(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        let constraint = if v.r#type().is_vector() { "=x,0" } else { "=r,0" };
+        self.op1(
+            "llvm.inline_asm",
+            &[v],
+            v.r#type(),
+            &[
+                ("asm_string", self.attr("\"\"")),
+                ("constraints", self.attr(&format!("\"{constraint}\""))),
+            ],
+        )
+    }
     /// Unsigned index → f32 (positions for RoPE angles).
     pub fn index_to_f32(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
         let i64t = self.ty("i64");
@@ -656,6 +677,10 @@ impl<'c, 'a> Kb<'c, 'a> {
     /// Loads `lanes` consecutive f32 (1 = a scalar load).
     pub fn load_f32(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize) -> Value<'c, 'a> {
         self.load_raw(mem, idx, lanes, "f32")
+    }
+    /// Loads `lanes` consecutive `elem` values (1 = a scalar load).
+    pub fn load_vec(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize, elem: &str) -> Value<'c, 'a> {
+        self.load_raw(mem, idx, lanes, elem)
     }
     fn load_raw(&self, mem: Value<'c, '_>, idx: &[Value<'c, '_>], lanes: usize, elem: &str) -> Value<'c, 'a> {
         let mut ops = vec![mem];

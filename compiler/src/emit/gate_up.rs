@@ -124,6 +124,16 @@ pub fn emit_gate_up<'c, 'a>(
     if let Some(r) = rounded {
         r.release(b);
     }
+    // The up projection's rows are the gate's plus layouts of their own where they share one
+    // rounding, so releasing them frees everything once.
+    match (gate_q8, up_q8) {
+        (Some(gate), Some(up)) if gate.q == up.q => up.release(b),
+        (gate, up) => {
+            for acts in gate.into_iter().chain(up) {
+                acts.release(b);
+            }
+        }
+    }
 }
 
 fn lcm(a: usize, b: usize) -> usize {

@@ -24,6 +24,7 @@ mod bf16_rows;
 mod decode;
 mod q8;
 mod q8_blocks;
+mod q8_stage;
 mod quad;
 
 pub(super) use bf16_rows::bf16_rows;
@@ -102,7 +103,9 @@ pub(super) fn q8_acts<'c, 'a>(
 }
 
 /// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
-/// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`].
+/// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`],
+/// and for calls of several rows over a k-quant a [`quant8::Stage`] (with word pairs for
+/// q4_k and q5_k).
 pub(super) fn with_layouts<'c, 'a>(
     b: Kb<'c, 'a>,
     d: Dyn<'c, '_>,
@@ -116,6 +119,12 @@ pub(super) fn with_layouts<'c, 'a>(
     }
     if acts.pairs.is_none() && q8_blocks::in_pairs(dtype) && k.is_multiple_of(2 * quant8::GROUP) {
         acts.pairs = Some(super::q8_layouts::pairs(b, d, &acts, k, max_rows));
+    }
+    if max_rows > 1 && q8_stage::staged(dtype) {
+        acts.stage.get_or_insert_with(|| quant8::Stage::alloca(b, dtype, k));
+        if acts.word_pairs.is_none() && q8_stage::word_paired(dtype) {
+            acts.word_pairs = Some(super::q8_layouts::word_pairs(b, d, &acts, k, max_rows));
+        }
     }
     acts
 }
@@ -189,6 +198,9 @@ pub fn emit_matmul<'c, 'a>(
     }
     if let Some(r) = rounded {
         r.release(b);
+    }
+    if let Some(acts) = m.q8 {
+        acts.release(b);
     }
 }
 

@@ -1,7 +1,8 @@
 //! `--precision q8` activation rows rearranged once per call for the exact block sums of
 //! `matmul/q8_blocks.rs`: in octets, so that one weight block's codes meet eight rows in a few
 //! instructions and leave each row's block sum in its own lane, and in pairs of blocks, so
-//! that one-row decode takes two blocks of 4-bit codes per vector.
+//! that one-row decode takes two blocks of 4-bit codes per vector; and for the staged k-quant
+//! tiles of `matmul/q8_stage.rs`, with each two groups interleaved by 16-bit words.
 //!
 //! Octets.
 //! A group's 32 codes are eight 4-byte chunks; a row's group vector holds chunks 0..4 in its
@@ -50,7 +51,7 @@ pub fn join<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
 /// a `vinserti128` and a `vpand`.
 pub fn pairs<'c, 'a>(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Value<'c, 'a> {
     assert!(k.is_multiple_of(2 * GROUP), "k = {k} is no whole number of block pairs");
-    let out = b.alloca(&format!("memref<{max_rows}x{k}xi8>"));
+    let out = acts.buffer(b, &format!("memref<{max_rows}x{k}xi8>"));
     b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
         b.for_each(b.idx(0), b.idx(k), b.idx(2 * GROUP), |b, k0| {
             let second = b.addi(k0, b.idx(GROUP));
@@ -67,15 +68,44 @@ pub fn pairs<'c, 'a>(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usiz
     out
 }
 
+/// A call's rows for staged q4_k and q5_k tiles (`memref<R x k x i8>`): each 64 elements'
+/// halves (groups `2c` and `2c + 1`) interleaved by 16-bit words, as
+/// [`super::quant8::word_pair_masks`] orders them, so that one `vpmaddubsw` yields pair sums of
+/// both groups, alternating, and two such sums add in i16 before one `vpmaddwd` applies both
+/// groups' scales (`matmul/q8_stage.rs`).
+pub fn word_pairs<'c, 'a>(
+    b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
+    acts: &Acts<'c, '_>,
+    k: usize,
+    max_rows: usize,
+) -> Value<'c, 'a> {
+    assert!(k.is_multiple_of(2 * GROUP), "k = {k} is no whole number of group pairs");
+    let out = acts.buffer(b, &format!("memref<{max_rows}x{k}xi8>"));
+    let (low, high) = super::quant8::word_pair_masks();
+    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
+        b.for_each(b.idx(0), b.idx(k), b.idx(2 * GROUP), |b, k0| {
+            let second = b.addi(k0, b.idx(GROUP));
+            let (x, y) = (
+                b.load_bytes(acts.q, &[r, k0], GROUP),
+                b.load_bytes(acts.q, &[r, second], GROUP),
+            );
+            b.store(b.shuffle_any(x, y, &low), out, &[r, k0]);
+            b.store(b.shuffle_any(x, y, &high), out, &[r, second]);
+        });
+    });
+    out
+}
+
 impl<'c, 'a> Octets<'c, 'a> {
     /// The octets of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
     /// `k` elements; rows past the last full octet are left to one-row code.
     pub fn build(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
         let (groups, octets) = (k / GROUP, max_rows / ROWS);
         assert!(octets > 0, "{max_rows} rows hold no octet");
-        let per_row = |elem: &str| b.alloca(&format!("memref<{octets}x{groups}x{ROWS}x{elem}>"));
+        let per_row = |elem: &str| acts.buffer(b, &format!("memref<{octets}x{groups}x{ROWS}x{elem}>"));
         let o = Octets {
-            q: b.alloca(&format!("memref<{octets}x{groups}x{ROWS}x{GROUP}xi8>")),
+            q: acts.buffer(b, &format!("memref<{octets}x{groups}x{ROWS}x{GROUP}xi8>")),
             d: per_row("f32"),
             s: per_row("f32"),
             sums: per_row("f32"),

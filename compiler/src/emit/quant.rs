@@ -227,13 +227,6 @@ impl<'c, 'a, 'w> BlockReader<'c, 'a, 'w> {
         b.fma(b.sitofp(nib), d, add)
     }
 
-    /// The k-quants' per-block scale vector, 16 f32 lanes: q4_k/q5_k `d · sc_j` in lanes 0..8
-    /// and `-dmin · m_j` in lanes 8..16, q6_k `d · sc_j` for its 16 sub-blocks (and q2_k, q3_k
-    /// as [`Self::value`] uses them). Shared with `--precision q8` (`quant8.rs`).
-    pub fn scale_vector(&mut self) -> Value<'c, 'a> {
-        self.scales()
-    }
-
     /// The sub-block scales of a k-quant block as integers, 16 i32 lanes: q2_k its 4-bit
     /// scales (not the mins), q3_k its 6-bit scales less 32, q4_k/q5_k the 6-bit `sc_j` in
     /// lanes 0..8 and `m_j` in lanes 8..16, q6_k its 16 signed 8-bit scales. `--precision q8`

@@ -236,3 +236,31 @@ fn q8_gate_up_equals_the_two_matmuls() {
         }
     }
 }
+
+/// Calls whose rounded rows exceed the stack budget (`max_rows · k` past 1 MiB: long prefill
+/// blocks over wide rows, which overflowed a worker's 16 MiB stack at `--prefill-block 2048`)
+/// keep them on the heap and still compute what one-row decode does, bit for bit; every
+/// format family's layouts are allocated there (q4_k's word pairs and stage, q4_0's octets
+/// and pairs, q6_k's stage).
+#[test]
+fn q8_rows_past_the_stack_budget_live_on_the_heap() {
+    let (n, k, rows) = (6, 2048, 520);
+    for dtype in [DType::Q4K, DType::Q6K, DType::Q4_0] {
+        let (prefill, decode) = (
+            matmul(dtype, n, k, false, false, rows),
+            matmul(dtype, n, k, false, false, 1),
+        );
+        let lib = TestLib::build(&[prefill.clone(), decode.clone()], &options(8), None);
+        let mut rng = Rng(0x4ea9);
+        let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+        let mut x = rng.vec(rows * k);
+        let mut y = vec![0f32; rows * n];
+        lib.call(&prefill, &[ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)], rows, 2);
+        for r in [0, 7, 8, 263, rows - 1] {
+            let mut xr = x[r * k..(r + 1) * k].to_vec();
+            let mut yr = vec![0f32; n];
+            lib.call(&decode, &[ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)], 1, 2);
+            assert_bits(&yr, &y[r * n..(r + 1) * n], &format!("{dtype} row {r} of {rows}"));
+        }
+    }
+}

@@ -421,6 +421,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
             cols
         };
         let tile = decode_row_tile(acc_cols, self.lanes).min(max_rows.next_power_of_two());
+        // k-quants in q8 mode with several rows: the weight rows unpacked once for every tile
+        // of two rows or more (`q8_stage.rs`); a lone row reads the weights itself.
+        let staged = max_rows > 1 && self.q8.is_some_and(|a| a.stage.is_some()) && super::q8_stage::staged(dtype);
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
             let tile = Tile {
                 col0,
@@ -430,7 +433,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 m,
             };
             if let Some(acts) = self.q8 {
-                self.q8_rows(b, w, dtype, tile, &acts)
+                if staged && m > 1 {
+                    self.q8_staged_rows(b, dtype, tile, &acts)
+                } else {
+                    self.q8_rows(b, w, dtype, tile, &acts)
+                }
             } else if dtype.is_quantized() {
                 self.quant_rows(b, w, dtype, tile)
             } else {
@@ -439,6 +446,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
         };
         if max_rows == 1 {
             return run(b, b.idx(0), 1);
+        }
+        if staged {
+            let several = b.cmpi(crate::ir::Cmp::Uge, d.rows, b.idx(2));
+            b.if_then(several, |b| self.q8_stage_fill(b, w, dtype, col0, cols));
         }
         // Full tiles, then one tile of each smaller power of two the rest needs.
         let t = b.idx(tile);

@@ -3,7 +3,7 @@
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_group};
-use crate::emit::quant8::{Acts, CodeBlock, GROUP, span};
+use crate::emit::quant8::{self, Acts, CodeBlock, GROUP, span};
 use crate::ir::Kb;
 use kiln_core::DType;
 use melior::ir::Value;
@@ -67,8 +67,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 for (c, &col) in cols.iter().enumerate() {
                     let mut block = CodeBlock::new(b, w, dtype, col, blk);
                     let mut col_acc: Vec<Value> = (0..rows.len()).map(|i| acc[i * ncols + c]).collect();
-                    for (i, &r) in rows.iter().enumerate() {
-                        col_acc[i] = block.offset_terms(col_acc[i], acts, r, blk);
+                    if quant8::has_min_terms(dtype) {
+                        for (i, &r) in rows.iter().enumerate() {
+                            col_acc[i] = block.offset_terms(col_acc[i], acts, r, blk);
+                        }
                     }
                     super_block(b, &mut block, acts, &rows, blk, &mut col_acc);
                     for (i, a) in col_acc.into_iter().enumerate() {
@@ -107,7 +109,11 @@ fn super_block<'c, 'a>(
     }
     let big_d = block.super_scale();
     for (i, &r) in rows.iter().enumerate() {
-        let sum = b.sitofp(sums[i].expect("a block has groups"));
+        let mut sum = sums[i].expect("a block has groups");
+        if !quant8::has_min_terms(block.dtype()) {
+            sum = quant8::int_offsets(b, block.dtype(), block.sub_scales(), sum, acts, r, blk);
+        }
+        let sum = b.sitofp(sum);
         let dd = b.mulf(big_d, b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES));
         acc[i] = b.fma(sum, dd, acc[i]);
     }

@@ -1,0 +1,181 @@
+//! `--precision q8` over the k-quants with several activation rows (prefill, batched decode):
+//! each thread's weight rows unpacked once per call into a [`Stage`], then every row tile
+//! reads the stage.
+//!
+//! Why (measured with `quant_speed`, one thread, x86-64-v3 code, 2-core Zen 4, n = k = 2048,
+//! 64 rows, GFLOP/s): a tile that unpacks each block itself for its 8 rows holds 16 vectors of
+//! codes and scales, AVX2's registers spill, and LLVM orders the work row by row, reloading
+//! codes and scales for every row; with q2_k the unpacking alone rivals the multiplies. Staged,
+//! a tile walks each block's slots in a loop whose bound LLVM cannot see (so it stays a loop
+//! with one slot and the rows' sums in registers), and q4_k and q5_k take two groups per slot
+//! pair: their activations interleaved by 16-bit words (`q8_layouts::word_pairs`), two
+//! `vpmaddubsw` results add in i16 and one `vpmaddwd` applies both groups' scales, three
+//! multiplies per 64 products and row instead of four.
+//!
+//! Every block's sum is the same exact integer as the one-row code's, and the float steps
+//! after it are the same operations in the same order, so outputs are bitwise those of decode.
+
+use super::MatMul;
+use super::decode::Tile;
+use crate::emit::quant8::{self, Acts, CodeBlock, GROUP, STAGE_COLS, Stage};
+use crate::ir::Kb;
+use kiln_core::DType;
+use melior::ir::Value;
+
+/// f32 lanes of the accumulators (as in `q8.rs`).
+const LANES: usize = 8;
+
+/// Whether calls of several rows over `dtype` stage their weight rows: the k-quants.
+pub(in crate::emit) fn staged(dtype: DType) -> bool {
+    quant8::supports(dtype) && quant8::span(dtype) > GROUP
+}
+
+/// Whether `dtype`'s staged slots hold two groups' codes interleaved by words: the k-quants
+/// with one scale per 32 elements (with scales per 16, a group's two halves already fill
+/// `vpmaddwd`'s pairs with two scales, and halves of different groups could not add in i16).
+pub(in crate::emit) fn word_paired(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4K | DType::Q5K)
+}
+
+impl<'c, 'a> MatMul<'c, 'a> {
+    /// Unpacks weight rows `col0 .. col0 + cols` of `w` into the call's stage: every block's
+    /// code slots and slot scales, offset factors and super-block scale.
+    pub(super) fn q8_stage_fill(
+        &self,
+        b: Kb<'c, '_>,
+        w: Value<'c, '_>,
+        dtype: DType,
+        col0: Value<'c, '_>,
+        cols: usize,
+    ) {
+        let acts = self.q8.expect("a q8 matmul");
+        let stage = acts.stage.expect("a staged call");
+        assert!(cols <= STAGE_COLS, "{cols} weight rows, the stage holds {STAGE_COLS}");
+        let groups = dtype.block_elems() / GROUP;
+        let blocks = self.k / dtype.block_elems();
+        let zero = b.idx(0);
+        for c in 0..cols {
+            let (col, at) = (b.addi(col0, b.idx(c)), b.idx(c));
+            b.for_each(zero, b.idx(blocks), b.idx(1), |b, blk| {
+                let mut block = CodeBlock::new(b, w, dtype, col, blk);
+                let first = b.muli(blk, b.idx(groups));
+                let slot = |i: usize| b.addi(first, b.idx(i));
+                if word_paired(dtype) {
+                    for p in 0..groups / 2 {
+                        let (low, high) = quant8::word_pair_codes(b, &mut block, p);
+                        b.store(low, stage.codes, &[at, slot(2 * p), zero]);
+                        b.store(high, stage.codes, &[at, slot(2 * p + 1), zero]);
+                        b.store(block.pair_scale(p), stage.scales, &[at, slot(p), zero]);
+                    }
+                } else {
+                    for g in 0..groups {
+                        b.store(block.codes(g), stage.codes, &[at, slot(g), zero]);
+                        b.store(block.int_scale(g), stage.scales, &[at, slot(g), zero]);
+                    }
+                }
+                if quant8::has_min_terms(dtype) {
+                    b.store(block.offset_factors(), stage.offsets, &[at, blk, zero]);
+                } else {
+                    b.store(block.sub_scales(), stage.sub_scales, &[at, blk, zero]);
+                }
+                b.store(block.super_scale(), stage.big_d, &[at, blk, zero]);
+            });
+        }
+    }
+
+    /// The tile's outputs from the stage [`Self::q8_stage_fill`] filled for its weight rows:
+    /// per block and weight row, the offset terms, the block's integer sums
+    /// ([`staged_sums`]), then one `fma(Σ, D·d, acc)` per activation row, as `q8.rs` does.
+    pub(super) fn q8_staged_rows(&self, b: Kb<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        let stage = acts.stage.expect("a staged call");
+        let groups = dtype.block_elems() / GROUP;
+        let blocks = self.k / dtype.block_elems();
+        let (rows, cols, inits) = t.start(b, LANES, t.ncols);
+        let ncols = t.ncols;
+        let acc = b.for_range(b.idx(0), b.idx(blocks), b.idx(1), &inits, |b, blk, acc| {
+            let mut acc = acc;
+            let zero = b.idx(0);
+            let first = b.muli(blk, b.idx(groups));
+            for c in 0..ncols {
+                let at = b.idx(c);
+                let mut col_acc: Vec<Value> = (0..rows.len()).map(|i| acc[i * ncols + c]).collect();
+                if quant8::has_min_terms(dtype) {
+                    let lanes = if dtype == DType::Q2K { 16 } else { 8 };
+                    let factors = b.load_f32(stage.offsets, &[at, blk, zero], lanes);
+                    for (i, &r) in rows.iter().enumerate() {
+                        col_acc[i] = quant8::offset_terms(b, dtype, factors, col_acc[i], acts, r, blk);
+                    }
+                }
+                let mut sums = staged_sums(b, dtype, stage, acts, &rows, at, first);
+                if !quant8::has_min_terms(dtype) {
+                    let scales = b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16");
+                    for (i, &r) in rows.iter().enumerate() {
+                        sums[i] = quant8::int_offsets(b, dtype, scales, sums[i], acts, r, blk);
+                    }
+                }
+                let big_d = b.load_f32(stage.big_d, &[at, blk, zero], LANES);
+                for (i, &r) in rows.iter().enumerate() {
+                    let sum = b.sitofp(sums[i]);
+                    let dd = b.mulf(big_d, b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES));
+                    acc[i * ncols + c] = b.fma(sum, dd, col_acc[i]);
+                }
+            }
+            acc
+        });
+        self.finish_tile(b, &acc, &rows, &cols);
+    }
+}
+
+/// A block's `Σ sc·c·q` (8 i32 lanes) for each of `rows`, from weight row `at` of the stage,
+/// whose slots start at `first`: a loop over the block's slots, or over its slot pairs for
+/// the word-paired formats. Its bound is opaque, so LLVM keeps it a loop: the rows' sums, the
+/// slot's codes and scales are all it holds in registers.
+fn staged_sums<'c, 'a>(
+    b: Kb<'c, 'a>,
+    dtype: DType,
+    stage: Stage<'c, '_>,
+    acts: &Acts<'c, '_>,
+    rows: &[Value<'c, 'a>],
+    at: Value<'c, 'a>,
+    first: Value<'c, 'a>,
+) -> Vec<Value<'c, 'a>> {
+    let groups = dtype.block_elems() / GROUP;
+    let paired = word_paired(dtype);
+    let steps = if paired { groups / 2 } else { groups };
+    let inits: Vec<Value> = rows.iter().map(|_| b.int_splat(0, LANES, "i32")).collect();
+    let bound = b.opaque_index(b.idx(steps));
+    b.for_range(b.idx(0), bound, b.idx(1), &inits, |b, s, sums| {
+        let zero = b.idx(0);
+        if paired {
+            let word_pairs = acts.word_pairs.expect("word pairs for a word-paired format");
+            let slot = b.addi(first, b.muli(s, b.idx(2)));
+            let next = b.addi(slot, b.idx(1));
+            let low = b.load_bytes(stage.codes, &[at, slot, zero], GROUP);
+            let high = b.load_bytes(stage.codes, &[at, next, zero], GROUP);
+            let scale = b.load_vec(stage.scales, &[at, b.addi(first, s), zero], 16, "i16");
+            let (k0, k1) = (b.muli(slot, b.idx(GROUP)), b.muli(next, b.idx(GROUP)));
+            rows.iter()
+                .zip(sums)
+                .map(|(&r, sum)| {
+                    let p = b.addi(
+                        b.madd_u8_i8(low, b.load_bytes(word_pairs, &[r, k0], GROUP)),
+                        b.madd_u8_i8(high, b.load_bytes(word_pairs, &[r, k1], GROUP)),
+                    );
+                    b.addi(sum, b.madd_i16(p, scale))
+                })
+                .collect()
+        } else {
+            let slot = b.addi(first, s);
+            let codes = b.load_bytes(stage.codes, &[at, slot, zero], GROUP);
+            let scale = b.load_vec(stage.scales, &[at, slot, zero], 16, "i16");
+            let k0 = b.muli(slot, b.idx(GROUP));
+            rows.iter()
+                .zip(sums)
+                .map(|(&r, sum)| {
+                    let q = b.load_bytes(acts.q, &[r, k0], GROUP);
+                    b.addi(sum, b.madd_i16(b.madd_u8_i8(codes, q), scale))
+                })
+                .collect()
+        }
+    })
+}
