@@ -422,7 +422,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         };
         let tile = decode_row_tile(acc_cols, self.lanes).min(max_rows.next_power_of_two());
         // k-quants in q8 mode with several rows: the weight rows unpacked once for every tile
-        // of two rows or more (`q8_stage.rs`); a lone row reads the weights itself.
+        // of `STAGE_MIN_ROWS` or more (`q8_stage.rs`); smaller tiles read the weights themselves.
         let staged = max_rows > 1 && self.q8.is_some_and(|a| a.stage.is_some()) && super::q8_stage::staged(dtype);
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {
             let tile = Tile {
@@ -433,7 +433,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 m,
             };
             if let Some(acts) = self.q8 {
-                if staged && m > 1 {
+                if staged && m >= super::q8_stage::STAGE_MIN_ROWS {
                     self.q8_staged_rows(b, dtype, tile, &acts)
                 } else {
                     self.q8_rows(b, w, dtype, tile, &acts)
@@ -448,8 +448,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
             return run(b, b.idx(0), 1);
         }
         if staged {
-            let several = b.cmpi(crate::ir::Cmp::Uge, d.rows, b.idx(2));
-            b.if_then(several, |b| self.q8_stage_fill(b, w, dtype, col0, cols));
+            let several = b.cmpi(crate::ir::Cmp::Uge, d.rows, b.idx(super::q8_stage::STAGE_MIN_ROWS));
+            b.if_then(several, |b| self.q8_stage_fill(b, w, dtype, col0, cols, end));
         }
         // Full tiles, then one tile of each smaller power of two the rest needs.
         let t = b.idx(tile);
