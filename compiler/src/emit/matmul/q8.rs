@@ -9,7 +9,7 @@ use kiln_core::DType;
 use melior::ir::Value;
 
 /// f32 lanes of the accumulators: one per i32 sum of `vpmaddwd`.
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// Weight rows a one-row decode walks together (one accumulator each): four over the
 /// 32-element formats (`quant_speed`, one thread, x86-64-v3 code, 2-core Zen 5, Gweights/s,
@@ -107,14 +107,35 @@ fn super_block<'c, 'a>(
             sums[i] = Some(sums[i].map_or(dot, |s| b.addi(s, dot)));
         }
     }
-    let big_d = block.super_scale();
+    let dtype = block.dtype();
+    let sub_scales = (!quant8::has_min_terms(dtype)).then(|| block.sub_scales());
+    let sums: Vec<Value> = sums.into_iter().map(|s| s.expect("a block has groups")).collect();
+    finish_block(b, dtype, acts, rows, blk, &sums, sub_scales, block.super_scale(), acc);
+}
+
+/// A k-quant block's float step for each activation row, shared by the one-row code and the
+/// staged tiles (`q8_stage.rs`) so their outputs agree bit for bit: the integer offsets off
+/// `sums` where the format has them (`sub_scales`, [`quant8::int_offsets`]), then
+/// `acc + Σ · (D·d)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn finish_block<'c, 'a>(
+    b: Kb<'c, 'a>,
+    dtype: DType,
+    acts: &Acts<'c, '_>,
+    rows: &[Value<'c, 'a>],
+    blk: Value<'c, 'a>,
+    sums: &[Value<'c, 'a>],
+    sub_scales: Option<Value<'c, 'a>>,
+    big_d: Value<'c, 'a>,
+    acc: &mut [Value<'c, 'a>],
+) {
+    let first = b.muli(blk, b.idx(dtype.block_elems() / GROUP));
     for (i, &r) in rows.iter().enumerate() {
-        let mut sum = sums[i].expect("a block has groups");
-        if !quant8::has_min_terms(block.dtype()) {
-            sum = quant8::int_offsets(b, block.dtype(), block.sub_scales(), sum, acts, r, blk);
-        }
-        let sum = b.sitofp(sum);
+        let sum = match sub_scales {
+            Some(scales) => quant8::int_offsets(b, dtype, scales, sums[i], acts, r, blk),
+            None => sums[i],
+        };
         let dd = b.mulf(big_d, b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES));
-        acc[i] = b.fma(sum, dd, acc[i]);
+        acc[i] = b.fma(b.sitofp(sum), dd, acc[i]);
     }
 }

@@ -17,6 +17,7 @@
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_group};
+use super::q8::{LANES, finish_block};
 use crate::emit::quant8::{self, Acts, CodeBlock, GROUP, STAGE_COLS, Stage};
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -27,9 +28,6 @@ use melior::ir::Value;
 /// AVX2 code, TinyLlama Q4_K_M, batched decode tok/s, direct → staged: 2 rows 71.5 → 59.3,
 /// 4 rows 84.4 → 87.4).
 pub(super) const STAGE_MIN_ROWS: usize = 4;
-
-/// f32 lanes of the accumulators (as in `q8.rs`).
-const LANES: usize = 8;
 
 /// Whether calls of several rows over `dtype` stage their weight rows: the k-quants.
 pub(in crate::emit) fn staged(dtype: DType) -> bool {
@@ -117,18 +115,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         col_acc[i] = quant8::offset_terms(b, dtype, factors, col_acc[i], acts, r, blk);
                     }
                 }
-                let mut sums = staged_sums(b, dtype, stage, acts, &rows, at, first);
-                if !quant8::has_min_terms(dtype) {
-                    let scales = b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16");
-                    for (i, &r) in rows.iter().enumerate() {
-                        sums[i] = quant8::int_offsets(b, dtype, scales, sums[i], acts, r, blk);
-                    }
-                }
+                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first);
+                let sub_scales =
+                    (!quant8::has_min_terms(dtype)).then(|| b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16"));
                 let big_d = b.load_f32(stage.big_d, &[at, blk, zero], LANES);
-                for (i, &r) in rows.iter().enumerate() {
-                    let sum = b.sitofp(sums[i]);
-                    let dd = b.mulf(big_d, b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES));
-                    acc[i * ncols + c] = b.fma(sum, dd, col_acc[i]);
+                finish_block(b, dtype, acts, &rows, blk, &sums, sub_scales, big_d, &mut col_acc);
+                for (i, a) in col_acc.into_iter().enumerate() {
+                    acc[i * ncols + c] = a;
                 }
             }
             acc
