@@ -50,22 +50,9 @@ pub fn join<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
 /// nibbles in these orders with one `vpand` and one shift, where one block alone takes a shift,
 /// a `vinserti128` and a `vpand`.
 pub fn pairs<'c, 'a>(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Value<'c, 'a> {
-    assert!(k.is_multiple_of(2 * GROUP), "k = {k} is no whole number of block pairs");
-    let out = acts.buffer(b, &format!("memref<{max_rows}x{k}xi8>"));
-    b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
-        b.for_each(b.idx(0), b.idx(k), b.idx(2 * GROUP), |b, k0| {
-            let second = b.addi(k0, b.idx(GROUP));
-            let (x, y) = (
-                b.load_bytes(acts.q, &[r, k0], GROUP),
-                b.load_bytes(acts.q, &[r, second], GROUP),
-            );
-            let low: Vec<usize> = (0..16).chain(32..48).collect();
-            let high: Vec<usize> = (16..32).chain(48..64).collect();
-            b.store(b.shuffle_any(x, y, &low), out, &[r, k0]);
-            b.store(b.shuffle_any(x, y, &high), out, &[r, second]);
-        });
-    });
-    out
+    let low: Vec<usize> = (0..16).chain(32..48).collect();
+    let high: Vec<usize> = (16..32).chain(48..64).collect();
+    rearranged(b, d, acts, k, max_rows, (&low, &high))
 }
 
 /// A call's rows for staged q4_k and q5_k tiles (`memref<R x k x i8>`): each 64 elements'
@@ -80,9 +67,25 @@ pub fn word_pairs<'c, 'a>(
     k: usize,
     max_rows: usize,
 ) -> Value<'c, 'a> {
-    assert!(k.is_multiple_of(2 * GROUP), "k = {k} is no whole number of group pairs");
-    let out = acts.buffer(b, &format!("memref<{max_rows}x{k}xi8>"));
     let (low, high) = super::quant8::word_pair_masks();
+    rearranged(b, d, acts, k, max_rows, (&low, &high))
+}
+
+/// The call's rows (`memref<R x k x i8>`) with each 64 codes' two halves `x`, `y` stored as
+/// `shuffle(x, y, low)` then `shuffle(x, y, high)`.
+fn rearranged<'c, 'a>(
+    b: Kb<'c, 'a>,
+    d: Dyn<'c, '_>,
+    acts: &Acts<'c, '_>,
+    k: usize,
+    max_rows: usize,
+    (low, high): (&[usize], &[usize]),
+) -> Value<'c, 'a> {
+    assert!(
+        k.is_multiple_of(2 * GROUP),
+        "k = {k} is no whole number of 64-code pieces"
+    );
+    let out = acts.buffer(b, &format!("memref<{max_rows}x{k}xi8>"));
     b.for_each(b.idx(0), d.rows, b.idx(1), |b, r| {
         b.for_each(b.idx(0), b.idx(k), b.idx(2 * GROUP), |b, k0| {
             let second = b.addi(k0, b.idx(GROUP));
@@ -90,8 +93,8 @@ pub fn word_pairs<'c, 'a>(
                 b.load_bytes(acts.q, &[r, k0], GROUP),
                 b.load_bytes(acts.q, &[r, second], GROUP),
             );
-            b.store(b.shuffle_any(x, y, &low), out, &[r, k0]);
-            b.store(b.shuffle_any(x, y, &high), out, &[r, second]);
+            b.store(b.shuffle_any(x, y, low), out, &[r, k0]);
+            b.store(b.shuffle_any(x, y, high), out, &[r, second]);
         });
     });
     out
