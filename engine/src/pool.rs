@@ -277,8 +277,8 @@ impl Pool {
                 std::thread::Builder::new()
                     .name(format!("kiln-worker-{tid}"))
                     // Kernels keep per-thread buffers on the stack (`--precision q8` prefill:
-                    // the block's rows as bytes, 64 × k, over 1 MiB at k = 14336); untouched
-                    // pages cost nothing.
+                    // the block's rows as bytes, up to 1 MiB, larger ones on the heap;
+                    // `--precision bf16`: up to 4 MiB); untouched pages cost nothing.
                     .stack_size(WORKER_STACK_BYTES)
                     .spawn(move || {
                         if let Some(core) = core {
