@@ -227,6 +227,16 @@ fn zero_threads_blocks_or_context_are_errors() {
     assert_one_line_error(&o, &["--threads", "at least 1"]);
 }
 
+/// A prefill block too large for any machine's memory (a terabyte-row block: over 100 TiB of
+/// activations) is one line naming the buffer and the option, not an allocation abort.
+#[test]
+fn a_prefill_block_too_large_to_allocate_is_an_error() {
+    let llama = fixture("llama");
+    let run = ["run", llama.to_str().unwrap(), "--prompt", "Hello", "--max-tokens", "4"];
+    let o = kiln(&run).args(["--prefill-block", "1000000000000"]).output().unwrap();
+    assert_one_line_error(&o, &["cannot allocate", "--prefill-block"]);
+}
+
 #[test]
 fn more_threads_than_cpus_are_capped_unless_asked_for() {
     let cpus = kiln_engine::pool::available_cpus();

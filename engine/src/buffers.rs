@@ -49,6 +49,22 @@ impl AlignedBuf {
 
     fn with_align(bytes: usize, align: usize, huge: bool, noreserve: bool) -> AlignedBuf {
         let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
+        Self::try_with_align(bytes, align, huge, noreserve).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+    }
+
+    /// [`AlignedBuf::zeroed`], or `None` when the memory cannot be had: for the buffers sized
+    /// by command-line choices (`--prefill-block`, `--ctx`, `--parallel`), which must fail with
+    /// an error that names them, not abort the process.
+    pub fn try_zeroed(bytes: usize) -> Option<AlignedBuf> {
+        Self::try_with_align(bytes, ALIGN, false, false)
+    }
+    /// [`AlignedBuf::reserved`], or `None` when the address space cannot be had.
+    pub fn try_reserved(bytes: usize) -> Option<AlignedBuf> {
+        Self::try_with_align(bytes, ALIGN, false, true)
+    }
+
+    fn try_with_align(bytes: usize, align: usize, huge: bool, noreserve: bool) -> Option<AlignedBuf> {
+        let layout = Layout::from_size_align(bytes.max(ALIGN), align).ok()?;
         #[cfg(target_os = "linux")]
         if layout.size() >= MAP_THRESHOLD {
             // Over-allocate by the alignment so an aligned start always fits, then give the
@@ -84,22 +100,22 @@ impl AlignedBuf {
                     }
                 }
                 let ptr = NonNull::new(start as *mut u8).expect("mmap does not return null");
-                return AlignedBuf {
+                return Some(AlignedBuf {
                     ptr,
                     layout,
                     mapped: true,
-                };
+                });
             }
         }
         let _ = (huge, noreserve);
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf {
+        let ptr = NonNull::new(raw)?;
+        Some(AlignedBuf {
             ptr,
             layout,
             mapped: false,
-        }
+        })
     }
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -153,6 +169,17 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// A buffer the engine could not allocate.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot allocate the {buffer} buffer: {rows} rows, {bytes} bytes (a smaller --prefill-block, --ctx or --parallel needs less)"
+)]
+pub struct OutOfMemory {
+    pub buffer: String,
+    pub rows: usize,
+    pub bytes: usize,
+}
+
 /// Every buffer the spec declares: activations sized for `block_rows` rows, and K and V caches
 /// of `slots` sequences of `ctx` usable positions per layer.
 pub struct Buffers {
@@ -164,30 +191,47 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize, slots: usize) -> Buffers {
+    ///
+    /// A buffer that cannot be allocated is an error naming it and its size ([`OutOfMemory`]):
+    /// the sizes follow `--prefill-block`, `--ctx` and `--parallel`, so a value too large for
+    /// this machine must not abort the process.
+    pub fn new(spec: &ModelSpec, block_rows: usize, ctx: usize, slots: usize) -> Result<Buffers, OutOfMemory> {
         let mut bufs = Vec::with_capacity(spec.buffers.len());
         let mut row_bytes = Vec::with_capacity(spec.buffers.len());
         for b in &spec.buffers {
             let row = b.row_bytes();
             row_bytes.push(row);
-            bufs.push(match b.rows {
-                Rows::Block => AlignedBuf::zeroed(row * block_rows),
+            let (count, reserve) = match b.rows {
+                Rows::Block => (block_rows, false),
                 // The caches are slot-major, then head-major (`[slots, kv_heads, capacity,
                 // head_dim]`) with the capacity the kernels were compiled for, the model's own
                 // limit; the engine uses only the first `ctx` positions of each head of the
                 // `slots` sequences it serves, so only those pages are ever backed by memory.
-                Rows::Cache => AlignedBuf::reserved(row * spec.dims.max_position_embeddings * slots),
+                Rows::Cache => (spec.dims.max_position_embeddings.saturating_mul(slots), true),
                 // A recurrent state: one row per slot, of a fixed size.
-                Rows::State => AlignedBuf::zeroed(row * slots),
+                Rows::State => (slots, false),
+            };
+            let bytes = row.checked_mul(count);
+            let buf = bytes.and_then(|n| {
+                if reserve {
+                    AlignedBuf::try_reserved(n)
+                } else {
+                    AlignedBuf::try_zeroed(n)
+                }
             });
+            bufs.push(buf.ok_or_else(|| OutOfMemory {
+                buffer: b.name.clone(),
+                rows: count,
+                bytes: bytes.unwrap_or(usize::MAX),
+            })?);
         }
-        Buffers {
+        Ok(Buffers {
             bufs,
             row_bytes,
             block_rows,
             ctx,
             slots,
-        }
+        })
     }
 
     pub fn get(&self, b: BufId) -> &AlignedBuf {

@@ -120,6 +120,8 @@ pub enum EngineError {
     StepTooLarge { rows: usize, max: usize },
     #[error(transparent)]
     Budget(#[from] budget::TooSmall),
+    #[error(transparent)]
+    OutOfMemory(#[from] crate::buffers::OutOfMemory),
     #[error("reading streamed weights failed: {0}")]
     Stream(String),
 }
@@ -200,7 +202,7 @@ impl Engine {
         }
         let kernels = graph::kernel_set(spec, options);
         let library = KernelLibrary::open(library, &kernels)?;
-        let bufs = Buffers::new(spec, block_rows, ctx, config.slots);
+        let bufs = Buffers::new(spec, block_rows, ctx, config.slots)?;
         let cores = physical_cores();
         let threads = config.threads.unwrap_or(cores.len()).max(1);
         let pool = Pool::new(
