@@ -652,6 +652,16 @@ fn decode_sweep() {
             times[i].push(t.elapsed().as_secs_f64());
         }
     }
+    // Each round's rate as a share of that round's probe: the machine's bandwidth changes
+    // between phases of a run, and a share of the probe measured beside it does not.
+    let shares: Vec<Vec<f64>> = times
+        .iter()
+        .map(|t| {
+            let mut s: Vec<f64> = t.iter().zip(&probe_times).map(|(t, p)| p / t).collect();
+            s.sort_by(f64::total_cmp);
+            s
+        })
+        .collect();
     probe_times.sort_by(f64::total_cmp);
     let gb = |s: f64| w.len() as f64 / s / 1e9;
     println!(
@@ -659,13 +669,14 @@ fn decode_sweep() {
         gb(probe_times[0]),
         gb(probe_times[probe_times.len() / 2])
     );
-    for ((r, p), t) in configs.iter().zip(&mut times) {
+    for (((r, p), t), share) in configs.iter().zip(&mut times).zip(&shares) {
         t.sort_by(f64::total_cmp);
         let gb = |s: f64| w.len() as f64 / s / 1e9;
         println!(
-            "{dtype} k {k} R {r:>2} PF {p:>5}: best {:5.1} GB/s  median {:5.1} GB/s",
+            "{dtype} k {k} R {r:>2} PF {p:>5}: best {:5.1} GB/s  median {:5.1} GB/s  {:3.0} % of the probe (median of rounds)",
             gb(t[0]),
-            gb(t[t.len() / 2])
+            gb(t[t.len() / 2]),
+            100.0 * share[share.len() / 2]
         );
     }
 }
