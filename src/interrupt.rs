@@ -115,8 +115,25 @@ pub fn keeping_handler<T>(f: impl FnOnce() -> T) -> Result<T> {
     Ok(value)
 }
 
+/// Set once a SIGINT has begun to end the process ([`exit_now`]).
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Waits for the end of the process if a SIGINT is ending it: called by `main` before it
+/// reports an error. Deleting a compile's staging folder makes the compile thread fail
+/// ("No such file or directory" under `.objects`), and that error, reported and returned
+/// with status 1 before the handler's thread reached `_exit(130)`, was what the process ended
+/// with (`ctrl_c_during_a_compile_leaves_no_staging_folder`, now and then).
+pub fn yield_to_exit() {
+    if EXITING.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Ends the process now: the staging folders of compiles in progress are deleted first.
 fn exit_now() -> ! {
+    EXITING.store(true, Ordering::SeqCst);
     kiln_cache::remove_active_staging();
     // SAFETY: `_exit` ends the process without running atexit handlers or static destructors,
     // which could tear down LLVM under a compile thread that is still using it. Output written

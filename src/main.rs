@@ -450,7 +450,11 @@ fn main() -> ExitCode {
     };
     match kiln::interrupt::install().and_then(|()| dispatch(cli)) {
         Ok(code) => code,
-        Err(e) => fail(&e),
+        Err(e) => {
+            // An error caused by Ctrl-C's clean-up is not the process's to report.
+            kiln::interrupt::yield_to_exit();
+            fail(&e)
+        }
     }
 }
 
