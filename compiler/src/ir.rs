@@ -487,13 +487,6 @@ impl<'c, 'a> Kb<'c, 'a> {
         (0..vs.len()).map(|i| self.extract(v, i * width)).collect()
     }
 
-    /// The lane sums of exactly `lanes` vectors as one vector (lane `i` = the sum of `vs[i]`),
-    /// by the same tree as [`Kb::reduce_many`].
-    pub fn reduce_to_vector(&self, vs: &[Value<'c, 'a>]) -> Value<'c, 'a> {
-        assert_eq!(vs.len(), lanes_of(vs[0]), "one vector per lane");
-        self.fold_tree(vs).0
-    }
-
     /// The folding tree of [`Kb::reduce_many`] for at most `lanes` vectors: a vector holding
     /// the sum of `vs[i]` in lane `i * width`, and `width`.
     fn fold_tree(&self, vs: &[Value<'c, 'a>]) -> (Value<'c, 'a>, usize) {
@@ -505,17 +498,7 @@ impl<'c, 'a> Kb<'c, 'a> {
         let mut seg = lanes;
         while level.len() > 1 {
             let half = seg / 2;
-            let (mut lo, mut hi) = (Vec::with_capacity(lanes), Vec::with_capacity(lanes));
-            for base in [0, lanes] {
-                for s in (0..lanes).step_by(seg) {
-                    lo.extend((s..s + half).map(|i| base + i));
-                    hi.extend((s + half..s + seg).map(|i| base + i));
-                }
-            }
-            level = level
-                .chunks(2)
-                .map(|p| self.addf_fast(self.shuffle(p[0], p[1], &lo), self.shuffle(p[0], p[1], &hi)))
-                .collect();
+            level = level.chunks(2).map(|p| self.fold_pair(p[0], p[1], seg)).collect();
             seg = half;
         }
         let mut v = level[0];
@@ -526,6 +509,38 @@ impl<'c, 'a> Kb<'c, 'a> {
             seg = half;
         }
         (v, lanes / groups)
+    }
+
+    /// One node of [`Kb::fold_tree`]'s tree: `a` and `b` hold sums in segments of `seg` lanes;
+    /// the result holds, per segment, the low halves' sums of `a` and `b` added to their high
+    /// halves' (segments of `seg / 2`).
+    fn fold_pair(&self, a: Value<'c, '_>, b: Value<'c, '_>, seg: usize) -> Value<'c, 'a> {
+        let lanes = lanes_of(a);
+        let half = seg / 2;
+        let (mut lo, mut hi) = (Vec::with_capacity(lanes), Vec::with_capacity(lanes));
+        for base in [0, lanes] {
+            for s in (0..lanes).step_by(seg) {
+                lo.extend((s..s + half).map(|i| base + i));
+                hi.extend((s + half..s + seg).map(|i| base + i));
+            }
+        }
+        self.addf_fast(self.shuffle(a, b, &lo), self.shuffle(a, b, &hi))
+    }
+
+    /// Adds `v`, the next of `lanes` vectors whose lane sums are wanted as one vector (lane `i`
+    /// = the sum of vector `i`), to a running fold: the tree of [`Kb::reduce_many`] (pairs of
+    /// neighbours, level by level), each pair combined as soon as both halves exist, so at most
+    /// `log2(lanes) + 1` partial sums are live where folding the whole slice kept every input
+    /// until the end. After the last vector `fold` holds one value, the sum vector.
+    pub fn fold_next(&self, fold: &mut Vec<(Value<'c, 'a>, usize)>, v: Value<'c, 'a>) {
+        let lanes = lanes_of(v);
+        fold.push((v, 0));
+        while let [.., (a, la), (b, lb)] = fold[..]
+            && la == lb
+        {
+            fold.truncate(fold.len() - 2);
+            fold.push((self.fold_pair(a, b, lanes >> la), la + 1));
+        }
     }
 
     /// The largest lane of a vector.
