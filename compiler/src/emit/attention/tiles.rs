@@ -53,8 +53,13 @@ const CHUNK_BYTES: usize = 32 << 10;
 /// Zen 5, 2 threads, f16 cache, attention per prompt token: Qwen2.5-0.5B shape (two softmax
 /// states per head) at 4000 tokens 1 head 1.31 ms, 2 1.12, 3 1.04, 4 1.19; TinyLlama-1.1B (one
 /// state, two sets of accumulators) at 2000 tokens 1 1.48, 2 1.13, 3 1.06, 4 0.99, 6 1.18.
+/// Since the heads of a visit share each key and value load ([`Attn::block`]), two heads with
+/// two states each beat three (whose states no longer fit the registers): Qwen2.5-0.5B shape,
+/// same machine, two runs each, f16 cache at 4000 tokens 0.95 -> 0.88-0.90 ms per prompt
+/// token, f32 cache at 2000 tokens 0.49 -> 0.45 ms per prompt token and 2.39-2.41 -> 2.20-2.25
+/// ms per decoded token.
 fn heads_per_visit(streams: usize) -> usize {
-    if streams == 2 { 3 } else { 4 }
+    if streams == 2 { 2 } else { 4 }
 }
 
 /// Where the states of (row `r`, head `h` of the group) live in the scratch of the tile that
