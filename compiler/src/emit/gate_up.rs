@@ -80,9 +80,10 @@ pub fn emit_gate_up<'c, 'a>(
     // AVX-512) keep as many bytes in flight; in quad order each matrix walks the decode
     // matmul's four rows (two chains each): with two rows of each (one chain) the fused
     // kernel streamed 32.6-33.1 GB/s against 34.5 with four, on the Qwen3.5-0.8B shape (2-core
-    // Zen 5 EPYC, 2 threads, read probe ~35 GB/s, `KILN_PROFILE`). Quantised ones are bound by the dequantisation work, whose latency the decode
-    // matmul hides with its full group of chains per matrix (halving it cost 7 % on Q4_1);
-    // with several activation rows, fewer (see `with_decode_cols`).
+    // Zen 5 EPYC, 2 threads, read probe ~35 GB/s, `KILN_PROFILE`). Quantised ones are bound by
+    // the dequantisation work, whose latency the decode matmul hides with its full group of
+    // chains per matrix (halving it cost 7 % on Q4_1); with several activation rows, fewer
+    // (see `with_decode_cols`).
     // Shares start on whole activation vectors, so the activation runs on full vectors only.
     let act_lanes = lanes_for(n, max_lanes);
     let row_bytes = gate_dtype.bytes_for(k) + up_dtype.bytes_for(k);
