@@ -76,14 +76,14 @@ pub(in crate::emit) fn decode_quant_step(dtype: DType, lanes: usize, blocks_in_r
 ///
 /// In quad order (`quad`, see `quad.rs`) one chain of the decode vector
 /// ([`MatMul::quad_decode_lanes`], 8 lanes) covers `O = 2` rows: two chains, four rows. A
-/// chain takes 16 weight bytes per FMA latency, so four rows can consume about 8 bytes per
-/// cycle per thread (~70 GB/s over two threads at 4.5 GHz), above every read probe measured
-/// on these machines but the best moments of one; eight rows (four chains) had been the
-/// choice, but their eight streams per thread read memory more slowly. Measured on a 2-core
-/// AMD EPYC Zen 5, 2 threads, a 384 MiB bf16 matrix streamed from memory (`decode_sweep`,
-/// each round's rate over the read probe run just before it, medians of 30-40 rounds): k =
-/// 896 4 rows 104 % vs 8 rows 97 %, k = 1024 104 vs 97, k = 3584 104 vs 88, k = 4864 108 vs
-/// 93; six rows in between (94-101 %).
+/// chain takes 16 weight bytes per FMA latency (4 bytes per cycle at a 4-cycle latency), so
+/// four rows can consume about 8 bytes per cycle per thread; eight rows (four chains) had been
+/// the choice, but their eight streams per thread read memory more slowly, even in the Zen 5's
+/// fastest bandwidth phase (k = 896, read probe ~70 GB/s: 4 rows 73 GB/s, 8 rows 63).
+/// Measured on a 2-core AMD EPYC Zen 5, 2 threads, a 384 MiB bf16 matrix streamed from memory
+/// (`decode_sweep`, each round's rate over the read probe run just before it, medians of 30-40
+/// rounds): k = 896 4 rows 104 % vs 8 rows 97 %, k = 1024 104 vs 97, k = 3584 104 vs 88, k =
+/// 4864 108 vs 93; six rows in between (94-101 %).
 pub(in crate::emit) fn decode_float_rows(lanes: usize, quad: bool) -> usize {
     let chains = (32 / lanes).max(1);
     let rows = if quad {
