@@ -48,8 +48,10 @@ impl AlignedBuf {
     }
 
     fn with_align(bytes: usize, align: usize, huge: bool, noreserve: bool) -> AlignedBuf {
-        let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
-        Self::try_with_align(bytes, align, huge, noreserve).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+        Self::try_with_align(bytes, align, huge, noreserve).unwrap_or_else(|| {
+            let layout = Layout::from_size_align(bytes.max(ALIGN), align).expect("buffer size fits in isize");
+            std::alloc::handle_alloc_error(layout)
+        })
     }
 
     /// [`AlignedBuf::zeroed`], or `None` when the memory cannot be had: for the buffers sized
