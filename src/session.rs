@@ -440,18 +440,19 @@ impl PreparedModel {
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<PreparedModel> {
         let started = Instant::now();
         let path = resolve_model(path, !opts.progress)?;
+        let cache_root = opts.cache_dir.clone().or_else(|| Cache::default_root().ok());
         let m = loader::load(
             &path,
             &LoadOptions {
                 dequantize: opts.dequantize,
                 // Under a budget, weights are paged in only as the plan reads them.
                 page_in: opts.page_in && opts.ram_budget.is_none(),
-                // Without a cache folder the tokenizer is built each time, as it would be.
-                tokenizer_cache: opts
-                    .cache_dir
-                    .clone()
-                    .or_else(|| Cache::default_root().ok())
+                // Without a cache folder the tokenizer is built each time, as it would be, and
+                // no weight file is read back for huge pages.
+                tokenizer_cache: cache_root
+                    .as_ref()
                     .map(|root| TableCache::in_folder(root.join(kiln_cache::TOKENIZER_TABLES))),
+                page_cache_marks: cache_root.as_ref().map(|root| root.join(kiln_cache::PAGE_CACHE_MARKS)),
             },
         )?;
         if opts.progress {

@@ -24,6 +24,11 @@ pub const META_FILE: &str = "meta.json";
 /// a tokenizer's build, removed with everything else by [`Cache::clean_all`].
 pub const TOKENIZER_TABLES: &str = "tokenizers";
 
+/// The folder of marks the loaders leave for weight files whose page cache they re-read once
+/// for huge pages (`kiln_formats::page_in`), removed with everything else by
+/// [`Cache::clean_all`].
+pub const PAGE_CACHE_MARKS: &str = "page-cache";
+
 const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
 const TRASH_PREFIX: &str = ".trash-";
@@ -449,10 +454,12 @@ impl Cache {
             }
         }
 
-        let tables = self.root.join(TOKENIZER_TABLES);
-        if fs::symlink_metadata(&tables).is_ok() {
-            report.bytes_freed += disk_usage(&tables);
-            remove_path(&tables).map_err(CacheError::io("cannot delete", &tables))?;
+        for folder in [TOKENIZER_TABLES, PAGE_CACHE_MARKS] {
+            let tables = self.root.join(folder);
+            if fs::symlink_metadata(&tables).is_ok() {
+                report.bytes_freed += disk_usage(&tables);
+                remove_path(&tables).map_err(CacheError::io("cannot delete", &tables))?;
+            }
         }
 
         let stale = self.remove_stale(None)?;

@@ -66,6 +66,9 @@ pub struct LoadOptions {
     /// Map the weights' pages in while the tokenizer is built (see [`crate::page_in`]): for a
     /// model about to run; `compile` and `info`, which read only headers, leave it off.
     pub page_in: bool,
+    /// Where marks of weight files read back once for huge pages are kept
+    /// ([`Pager::settle`]); `None` never reads a file back.
+    pub page_cache_marks: Option<std::path::PathBuf>,
     /// Where built tokenizer tables are kept between runs (see `TableCache`); `None` builds
     /// them every time.
     pub tokenizer_cache: Option<TableCache>,
@@ -126,6 +129,7 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
         pager.work();
         tokenizer
     })?;
+    pager.settle(opts.page_cache_marks.as_deref());
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
     let notes = unread_parts(&loaded.dir, loaded.weights.names());
     let weights = SafetensorsWeights::bind(loaded.weights, &loaded.spec)?;
@@ -145,7 +149,11 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
 }
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
-    let g = gguf::load_with(path, opts.page_in, opts.tokenizer_cache.as_ref())?;
+    let g = gguf::load_with(
+        path,
+        opts.page_in.then_some(opts.page_cache_marks.as_deref()),
+        opts.tokenizer_cache.as_ref(),
+    )?;
     let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;
@@ -549,6 +557,7 @@ mod tests {
         let opts = LoadOptions {
             dequantize: Some(DType::F32),
             page_in: false,
+            page_cache_marks: None,
             tokenizer_cache: None,
         };
         let m = load(&path, &opts).unwrap();

@@ -56,6 +56,7 @@ pub use parse::{GgufHeader, TensorInfo, Value};
 pub use tokenizer::GgufVocab;
 pub use weights::{GgufTensor, GgufWeights};
 
+use crate::page_in::{Mapped, Pager};
 use kiln_core::ModelSpec;
 use kiln_core::files;
 use kiln_text::tokenizer::{TableCache, Tokenizer};
@@ -129,12 +130,17 @@ pub fn open_file(path: &Path) -> Result<(File, Mmap, GgufHeader), GgufError> {
 /// q/k rows reordered) and tokenizer. `path` may be the first part of a split model (see
 /// [`split`]).
 pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
-    load_with(path, false, None)
+    load_with(path, None, None)
 }
 
-/// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in`
-/// (see [`crate::page_in`]), and the tokenizer's tables kept in `tokenizer_cache`.
-pub fn load_with(path: &Path, page_in: bool, tokenizer_cache: Option<&TableCache>) -> Result<LoadedGguf, GgufError> {
+/// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in` is
+/// given (see [`crate::page_in`]; the folder of marks for [`crate::page_in::Pager::settle`],
+/// if any), and the tokenizer's tables kept in `tokenizer_cache`.
+pub fn load_with(
+    path: &Path,
+    page_in: Option<Option<&Path>>,
+    tokenizer_cache: Option<&TableCache>,
+) -> Result<LoadedGguf, GgufError> {
     let files = split::open_model(path)?;
     let bytes: Vec<&[u8]> = files.maps.iter().map(|m| &m[..]).collect();
     let spec = model::spec_from_parts(&files.header, &bytes, path)?;
@@ -150,15 +156,21 @@ pub fn load_with(path: &Path, page_in: bool, tokenizer_cache: Option<&TableCache
         });
     }
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
-    let pager = crate::page_in::Pager::new(files.maps.iter().map(|m| &m[..]).filter(|_| page_in));
+    let mapped = files
+        .maps
+        .iter()
+        .zip(&files.files)
+        .map(|(m, file)| Mapped { bytes: m, file });
+    let pager = Pager::new(mapped.filter(|_| page_in.is_some()));
     let tokenizer = std::thread::scope(|s| {
-        if page_in {
+        if page_in.is_some() {
             s.spawn(|| pager.work());
         }
         let tokenizer = tokenizer::build_tokenizer_cached(&vocab, path, tokenizer_cache);
         pager.work();
         tokenizer
     })?;
+    pager.settle(page_in.flatten());
     let parts = files.paths.clone();
     let weights = GgufWeights::from_files(files, &spec)?;
     Ok(LoadedGguf {

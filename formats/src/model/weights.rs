@@ -21,6 +21,7 @@
 
 use super::error::ModelError;
 use crate::overlap::{Span, first_overlap};
+use crate::page_in::Mapped;
 use kiln_core::arch::params::describe;
 use kiln_core::files;
 use kiln_core::{DType, ModelSpec, Tensor};
@@ -115,8 +116,11 @@ pub struct Weights {
 
 impl Weights {
     /// The mapped bytes of every weight file (for [`crate::page_in::Pager`]).
-    pub fn mapped(&self) -> impl Iterator<Item = &[u8]> {
-        self.files.iter().map(|f| &f.map[..])
+    pub fn mapped(&self) -> impl Iterator<Item = Mapped<'_>> {
+        self.files.iter().map(|f| Mapped {
+            bytes: &f.map[..],
+            file: &f.file,
+        })
     }
 
     /// Opens the weights of the model folder `dir`: `model.safetensors` if it exists (as
