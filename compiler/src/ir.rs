@@ -20,6 +20,9 @@ use melior::{
 /// them LLVM keeps reductions scalar and in order.
 pub const FAST: &str = "#arith.fastmath<fast>";
 
+/// Flags for a maximum whose operands are never NaN: no NaN test, either zero for `max(-0, +0)`.
+const NO_NAN: &str = "#arith.fastmath<nnan,nsz>";
+
 /// Builder appending operations to one block.
 #[derive(Clone, Copy)]
 pub struct Kb<'c, 'a> {
@@ -246,6 +249,11 @@ impl<'c, 'a> Kb<'c, 'a> {
     }
     pub fn maxf(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.fop("arith.maximumf", a, b, false)
+    }
+    /// The larger of two non-NaN values (one `vmaxps`; `arith.maximumf` adds a NaN test and a
+    /// blend to every step).
+    pub fn max_no_nan(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.maxnumf", &[a, b], a.r#type(), &[("fastmath", self.attr(NO_NAN))])
     }
     /// Reassociable add, for reductions whose order does not matter.
     pub fn addf_fast(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
@@ -550,6 +558,18 @@ impl<'c, 'a> Kb<'c, 'a> {
             &[v],
             self.f32_ty(),
             &[("kind", self.attr("#vector.kind<maximumf>"))],
+        )
+    }
+    /// The largest lane of `v`, none of which is NaN ([`Kb::max_no_nan`]).
+    pub fn reduce_max_no_nan(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1(
+            "vector.reduction",
+            &[v],
+            self.f32_ty(),
+            &[
+                ("kind", self.attr("#vector.kind<maxnumf>")),
+                ("fastmath", self.attr(NO_NAN)),
+            ],
         )
     }
 
