@@ -237,15 +237,21 @@ mod tests {
     use super::*;
     use std::io::Write as _;
 
+    /// A private temporary file of `len` patterned bytes, mapped, and the bytes.
+    fn mapped_temp(len: usize) -> (File, memmap2::Mmap, Vec<u8>) {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        // SAFETY: a private temporary file no one else writes while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        (f, map, data)
+    }
+
     /// Re-reading a file for huge pages leaves its bytes as they are, happens once per file
     /// (its mark), and not at all without a folder for marks.
     #[test]
     fn a_file_is_read_back_once_and_unchanged() {
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..5 * 4096 + 3).map(|i| (i * 13 % 253) as u8).collect();
-        f.write_all(&data).unwrap();
-        // SAFETY: a private temporary file no one else writes while it is mapped.
-        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        let (f, map, data) = mapped_temp(5 * 4096 + 3);
         let marks = tempfile::tempdir().unwrap();
         let files = [Mapped { bytes: &map, file: &f }];
         advise_huge(&map);
@@ -274,11 +280,7 @@ mod tests {
     /// and an empty slice is a no-op.
     #[test]
     fn paging_in_changes_no_byte() {
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 7 % 251) as u8).collect();
-        f.write_all(&data).unwrap();
-        // SAFETY: a private temporary file no one else writes while it is mapped.
-        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        let (_f, map, data) = mapped_temp(3 * 4096 + 17);
         page_in(&map);
         page_in(&map[4097..9000]);
         page_in(&map[..0]);
