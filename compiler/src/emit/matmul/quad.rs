@@ -109,15 +109,15 @@ struct NextBlock<'c, 'a> {
 /// How the next block's lines are shared between the full tiles of a call.
 #[derive(Clone, Copy)]
 enum Share<'c, 'a> {
-    /// One line per loop iteration, as if the call ran the full tiles of `max_rows` rows
-    /// (this many): calls with fewer tiles still cover the block when theirs are enough
-    /// ([`Share::covers`]); calls with more fetch further ahead.
+    /// Lines per loop iteration as if the call ran the full tiles of `max_rows` rows (this
+    /// many; at least one line): calls with fewer tiles cover part of the block (at least half
+    /// where `prefill_quad` picks this share), calls with more fetch further ahead.
     Fixed(usize),
     /// Split evenly between the tiles this call runs (this many, at run time), several lines
     /// per iteration: for calls whose tiles would cover less than half the block one line at
     /// a time. A 16-token prompt through a 256-row block kernel (two tiles of 6 rows) had
     /// prefetched a quarter of each next block. 0.5B shape, 2-core Zen 5, 2 threads, prefill
-    /// tok/s: 16 tokens 273-293 -> 340-378; at 32 tokens (62 % covered) the run-time share
+    /// tok/s: 16 tokens 273-293 -> 340-381; at 32 tokens (62 % covered) the run-time share
     /// was 2-3 % slower than the fixed one (its inner loop), so the fixed share stays there.
     Run(Value<'c, 'a>),
 }
