@@ -170,6 +170,24 @@ impl OpenOptions {
         Ok(Some(plan(&Footprint::of(spec, rows, ctx, self.slots.max(1)), budget)?))
     }
 
+    /// Refuses, before anything is compiled, a prefill block whose activation buffers alone
+    /// exceed this machine's memory: the engine could not allocate them, and the library built
+    /// for that block size would stay in the cache unused.
+    pub fn check_block_fits(&self, spec: &ModelSpec, ctx: usize) -> Result<()> {
+        use kiln_core::budget::{Footprint, human, physical_memory};
+        let rows = self.prefill_rows.unwrap_or(CompileOptions::DEFAULT_PREFILL_ROWS).max(1);
+        let need = Footprint::of(spec, rows, ctx, self.slots.max(1)).activations;
+        let have = physical_memory();
+        if have > 0 && need > have {
+            anyhow::bail!(
+                "cannot allocate {} of activation buffers for --prefill-block {rows}: this machine has {} of memory (a smaller --prefill-block needs less)",
+                human(need),
+                human(have)
+            );
+        }
+        Ok(())
+    }
+
     /// The compile options these options ask for on `host` for `spec` (a budget that streams
     /// the output head adds its chunk kernels).
     pub fn compile_options(&self, host: &HostCpu, spec: &ModelSpec) -> Result<CompileOptions> {
@@ -503,8 +521,9 @@ impl PreparedModel {
         let host = HostCpu::detect();
         let cache = open_cache(opts.cache_dir.as_deref())?;
         let engine_config = engine_config(opts);
-        // Reject a bad --ctx before paying for a compile.
-        engine_config.resolved_ctx(&spec)?;
+        // Reject a bad --ctx or --prefill-block before paying for a compile.
+        let ctx = engine_config.resolved_ctx(&spec)?;
+        opts.check_block_fits(&spec, ctx)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
         let options = opts.compile_options(&host, &spec)?;
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {

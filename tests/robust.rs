@@ -231,10 +231,36 @@ fn zero_threads_blocks_or_context_are_errors() {
 /// activations) is one line naming the buffer and the option, not an allocation abort.
 #[test]
 fn a_prefill_block_too_large_to_allocate_is_an_error() {
+    // Refused before anything is compiled: a library for that block size would stay in the
+    // cache unused.
+    let cache = tempfile::tempdir().unwrap();
     let llama = fixture("llama");
     let run = ["run", llama.to_str().unwrap(), "--prompt", "Hello", "--max-tokens", "4"];
-    let o = kiln(&run).args(["--prefill-block", "1000000000000"]).output().unwrap();
-    assert_one_line_error(&o, &["cannot allocate", "--prefill-block"]);
+    let o = kiln(&run)
+        .env("KILN_CACHE_DIR", cache.path())
+        .args(["--prefill-block", "1000000000000"])
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &o,
+        &["cannot allocate", "activation buffers", "--prefill-block 1000000000000"],
+    );
+    let entries: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+    assert!(entries.is_empty(), "nothing compiled or cached: {entries:?}");
+}
+
+/// Below the machine's memory but past what can be allocated, the engine's buffers fail as an
+/// error naming the buffer, not an abort (the check before compiling cannot see every limit).
+#[test]
+fn buffers_that_cannot_be_allocated_are_an_error() {
+    let model = kiln_formats::loader::load(&fixture("llama"), &Default::default()).unwrap();
+    let err = kiln_engine::buffers::Buffers::new(&model.spec, 1 << 40, 64, 1)
+        .err()
+        .expect("no machine allocates 2^40 rows");
+    assert!(
+        err.bytes > 1 << 40 && err.to_string().contains("cannot allocate the"),
+        "{err}"
+    );
 }
 
 #[test]

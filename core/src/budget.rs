@@ -353,6 +353,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Bytes of physical memory of this machine (0 where the system does not say).
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads constants of the system; no memory is passed.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        0
+    }
+}
+
 /// A byte count for people: `1.5 GiB`, `300.0 MiB`, `12 KiB`.
 pub fn human(bytes: u64) -> String {
     const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];

@@ -25,6 +25,7 @@
 //! (llama.cpp, reading the same page cache, 0.327 -> 0.262 s); the one re-read cost the first
 //! start 0.6 s (GGUF) and 1.1 s (folder).
 
+use kiln_core::budget::physical_memory;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -220,16 +221,6 @@ fn page_size() -> usize {
     // SAFETY: sysconf reads a constant of the system; no memory is passed.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if size > 0 { size as usize } else { 4096 }
-}
-
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf reads constants of the system; no memory is passed.
-    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    if pages > 0 {
-        pages as u64 * page_size() as u64
-    } else {
-        0
-    }
 }
 
 #[cfg(test)]
