@@ -21,11 +21,12 @@
 //! [`Pager::settle`] drops its page cache and reads it back once, 16 MiB at a time (pages not
 //! yet written back are written first, or they could not be dropped), leaving a mark so a
 //! system that cannot do better re-reads no file twice; a chunk slower than
-//! `REREAD_MIN_BYTES_PER_SEC` (a spinning disk) ends it, so the cost stays near one chunk. Measured on a 2-core EPYC (Zen 5, Linux 6.18,
-//! ext4), fresh copies of the Qwen2.5-0.5B shape, 16-token prompt, process start to first
-//! token (medians of 7): 0.117 -> 0.090 s from the bf16 folder, 0.143 -> 0.093 s from its GGUF
-//! (llama.cpp, reading the same page cache, 0.327 -> 0.262 s); the one re-read cost the first
-//! start 0.6-0.7 s (GGUF) and 0.8-1.1 s (folder), copies just written included.
+//! `REREAD_MIN_BYTES_PER_SEC` (a spinning disk) ends it, so the cost stays near one chunk.
+//! Measured on a 2-core EPYC (Zen 5, Linux 6.18, ext4), fresh copies of the Qwen2.5-0.5B
+//! shape, 16-token prompt, process start to first token (medians of 7): 0.117 -> 0.090 s from
+//! the bf16 folder, 0.143 -> 0.093 s from its GGUF (llama.cpp, reading the same page cache,
+//! 0.327 -> 0.262 s); the one re-read cost the first start 0.6-0.7 s (GGUF) and 0.8-1.1 s
+//! (folder), copies just written included.
 
 use kiln_core::budget::physical_memory;
 use std::fs::File;
