@@ -179,32 +179,27 @@ impl<'c, 'a> Kb<'c, 'a> {
         let w = self.op1("arith.extui", &[v], i64t, &[]);
         self.index_cast(w, self.index_ty())
     }
-    /// Stores a scalar or a vector.
-    /// A statically shaped stack buffer of type `ty` (e.g. `memref<4x64xf32>`), 64-byte aligned,
-    /// private to the calling thread and alive until the kernel returns.
     /// A heap buffer (`memref.alloc`: `malloc` in the compiled library), for buffers too large
     /// for a thread's stack; freed with [`Kb::dealloc`] before the kernel returns.
     pub fn alloc(&self, ty: &str) -> Value<'c, 'a> {
-        let ty = self.ty(ty);
-        self.op(
-            "memref.alloc",
-            &[],
-            &[ty],
-            &[
-                ("alignment", self.attr("64 : i64")),
-                ("operandSegmentSizes", self.attr("array<i32: 0, 0>")),
-            ],
-        )[0]
+        self.allocation("memref.alloc", ty)
     }
 
     pub fn dealloc(&self, mem: Value<'c, '_>) {
         self.op("memref.dealloc", &[mem], &[], &[]);
     }
 
+    /// A statically shaped stack buffer of type `ty` (e.g. `memref<4x64xf32>`), 64-byte aligned,
+    /// private to the calling thread and alive until the kernel returns.
     pub fn alloca(&self, ty: &str) -> Value<'c, 'a> {
+        self.allocation("memref.alloca", ty)
+    }
+
+    /// A 64-byte-aligned buffer of memref type `ty` from `memref.alloc` or `memref.alloca`.
+    fn allocation(&self, op: &str, ty: &str) -> Value<'c, 'a> {
         let ty = self.ty(ty);
         self.op(
-            "memref.alloca",
+            op,
             &[],
             &[ty],
             &[
@@ -214,6 +209,7 @@ impl<'c, 'a> Kb<'c, 'a> {
         )[0]
     }
 
+    /// Stores a scalar or a vector.
     pub fn store(&self, value: Value<'c, '_>, mem: Value<'c, '_>, idx: &[Value<'c, '_>]) {
         let mut ops = vec![value, mem];
         ops.extend_from_slice(idx);
