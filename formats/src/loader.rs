@@ -129,9 +129,10 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
         pager.work();
         tokenizer
     })?;
-    pager.settle(opts.page_cache_marks.as_deref());
+    let reread = pager.settle(opts.page_cache_marks.as_deref());
     let eos_token_ids = merge_ids(&loaded.config.eos_token_ids, tokenizer.eos_token_ids());
-    let notes = unread_parts(&loaded.dir, loaded.weights.names());
+    let mut notes = unread_parts(&loaded.dir, loaded.weights.names());
+    notes.extend(reread_note(reread));
     let weights = SafetensorsWeights::bind(loaded.weights, &loaded.spec)?;
     Ok(Model {
         source: loaded.dir,
@@ -188,8 +189,20 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
         converted,
         // llama.cpp's converter writes neither part into the model file (a vision tower goes
         // to a separate `mmproj` file, the MTP blocks are left out of the layers Kiln reads).
-        notes: Vec::new(),
+        notes: reread_note(g.reread).into_iter().collect(),
     })
+}
+
+/// Why this start was slower, when the loader read weight files back for huge pages.
+fn reread_note(files: usize) -> Option<String> {
+    let what = match files {
+        0 => return None,
+        1 => "the weight file back once so the kernel maps it".to_string(),
+        n => format!("the {n} weight files back once so the kernel maps them"),
+    };
+    Some(format!(
+        "read {what} with huge pages (faster starts and decode from now on)"
+    ))
 }
 
 fn merge_ids(first: &[u32], second: &[u32]) -> Vec<u32> {
@@ -632,5 +645,18 @@ mod unread_tests {
             ]
         );
         assert!(unread_parts(Path::new("/m"), names[..1].iter().copied()).is_empty());
+    }
+
+    /// Invariant: a start that read weight files back for huge pages says so once, in number;
+    /// one that did not says nothing.
+    #[test]
+    fn a_read_back_is_noted_with_its_file_count() {
+        assert_eq!(reread_note(0), None);
+        let one = reread_note(1).unwrap();
+        assert!(
+            one.starts_with("read the weight file back once") && one.contains("maps it"),
+            "{one}"
+        );
+        assert!(reread_note(3).unwrap().starts_with("read the 3 weight files back once"));
     }
 }

@@ -90,6 +90,8 @@ pub struct LoadedGguf {
     pub add_bos: bool,
     /// `tokenizer.chat_template`, the raw Jinja source.
     pub chat_template: Option<String>,
+    /// Files read back once for huge pages while loading ([`crate::page_in::Pager::settle`]).
+    pub reread: usize,
 }
 
 /// Whether `path` is a regular file starting with the GGUF magic (never blocks on a FIFO).
@@ -170,7 +172,7 @@ pub fn load_with(
         pager.work();
         tokenizer
     })?;
-    pager.settle(page_in.flatten());
+    let reread = pager.settle(page_in.flatten());
     let parts = files.paths.clone();
     let weights = GgufWeights::from_files(files, &spec)?;
     Ok(LoadedGguf {
@@ -180,6 +182,7 @@ pub fn load_with(
         eos_token_ids: vocab.eog_token_ids.clone(),
         add_bos: vocab.add_bos,
         chat_template: vocab.chat_template.clone(),
+        reread,
         spec,
         weights,
         vocab,
