@@ -287,11 +287,14 @@ fn weight_quads<'c, 'b>(
     pieces.into_iter().flat_map(|t| [widen(t, 0), widen(t, 1)]).collect()
 }
 
-/// Cache lines of the next block's chunk of `len` elements of `rows` rows, and the loop
-/// iterations of a tile over that chunk (`step` elements each).
-fn next_block_lines(dtype: DType, rows: usize, len: usize, step: usize) -> (usize, usize) {
-    let per_line = (64 / dtype.size()).max(1);
-    ((rows * len).div_ceil(per_line), len / step)
+/// Elements of `dtype` per 64-byte cache line.
+fn elems_per_line(dtype: DType) -> usize {
+    (64 / dtype.size()).max(1)
+}
+
+/// Cache lines of the next block's chunk of `len` elements of `rows` rows.
+fn next_block_lines(dtype: DType, rows: usize, len: usize) -> usize {
+    (rows * len).div_ceil(elems_per_line(dtype))
 }
 
 /// Loop iteration `i` (of `iters` per tile) of tile `nb.tile`, in the chunk `k0..k0 + len`:
@@ -307,8 +310,8 @@ fn prefetch_next<'c>(
     len: usize,
     k0: Value<'c, '_>,
 ) {
-    let per_line = (64 / nb.dtype.size()).max(1);
-    let (total, _) = next_block_lines(nb.dtype, nb.rows, len, 1);
+    let per_line = elems_per_line(nb.dtype);
+    let total = next_block_lines(nb.dtype, nb.rows, len);
     let start = b.addi(b.muli(nb.row0, b.idx(nb.k)), b.muli(k0, b.idx(nb.rows)));
     let slot = b.addi(b.muli(nb.tile, b.idx(iters)), i);
     let last = b.idx(nb.n * nb.k - 1);
@@ -434,7 +437,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
                     // The fixed share where this call's tiles cover at least half the next
                     // block with it ([`Share`]).
                     let fixed = (max_rows / mr).max(1);
-                    let (lines, iters) = next_block_lines(dtype, nb, part.len, lanes * form.per_lane());
+                    let lines = next_block_lines(dtype, nb, part.len);
+                    let iters = part.len / (lanes * form.per_lane());
                     let covered = iters * Share::fixed_per_iter(fixed, lines, iters);
                     let tiles = b.divui(d.rows, mr_c);
                     let half = b.muli(tiles, b.idx(2 * covered));
