@@ -44,6 +44,8 @@ pub struct Mapped<'a> {
 /// [`Pager::work`] call returns when no chunk is left unclaimed.
 pub struct Pager<'a> {
     files: Vec<Mapped<'a>>,
+    /// Bytes of all the files.
+    total: u64,
     chunks: Vec<&'a [u8]>,
     next: AtomicUsize,
 }
@@ -73,6 +75,7 @@ impl<'a> Pager<'a> {
         };
         Pager {
             files,
+            total,
             chunks,
             next: AtomicUsize::new(0),
         }
@@ -84,15 +87,14 @@ impl<'a> Pager<'a> {
     /// happening at every start). Returns how many files were re-read. Best effort: any
     /// failure leaves the pages as they are.
     pub fn settle(&self, marks: Option<&Path>) -> usize {
-        let total: u64 = self.files.iter().map(|f| f.bytes.len() as u64).sum();
         let Some(marks) = marks else { return 0 };
-        if self.chunks.is_empty() || total < SETTLE_MIN_BYTES || !huge_pages_possible() {
+        if self.chunks.is_empty() || self.total < SETTLE_MIN_BYTES || !huge_pages_possible() {
             return 0;
         }
-        match file_pmd_mapped() {
-            Some(huge) if !mostly_small(total, huge) => 0,
-            Some(_) => reread_once(&self.files, marks),
-            None => 0,
+        if file_pmd_mapped().is_some_and(|huge| mostly_small(self.total, huge)) {
+            reread_once(&self.files, marks)
+        } else {
+            0
         }
     }
 
