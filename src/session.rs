@@ -166,8 +166,13 @@ impl OpenOptions {
         };
         use kiln_core::budget::{Footprint, plan};
         let ctx = engine_config(self).resolved_ctx(spec)?;
-        let rows = self.prefill_rows.unwrap_or(CompileOptions::DEFAULT_PREFILL_ROWS).max(1);
+        let rows = self.block_rows();
         Ok(Some(plan(&Footprint::of(spec, rows, ctx, self.slots.max(1)), budget)?))
+    }
+
+    /// Rows of a prefill block: `--prefill-block`, else the default.
+    fn block_rows(&self) -> usize {
+        self.prefill_rows.unwrap_or(CompileOptions::DEFAULT_PREFILL_ROWS).max(1)
     }
 
     /// Refuses, before anything is compiled, a prefill block whose activation buffers alone
@@ -175,7 +180,7 @@ impl OpenOptions {
     /// for that block size would stay in the cache unused.
     pub fn check_block_fits(&self, spec: &ModelSpec, ctx: usize) -> Result<()> {
         use kiln_core::budget::{Footprint, human, physical_memory};
-        let rows = self.prefill_rows.unwrap_or(CompileOptions::DEFAULT_PREFILL_ROWS).max(1);
+        let rows = self.block_rows();
         let need = Footprint::of(spec, rows, ctx, self.slots.max(1)).activations;
         let have = physical_memory();
         if have > 0 && need > have {
