@@ -231,22 +231,29 @@ fn zero_threads_blocks_or_context_are_errors() {
 /// activations) is one line naming the buffer and the option, not an allocation abort.
 #[test]
 fn a_prefill_block_too_large_to_allocate_is_an_error() {
-    // Refused before anything is compiled: a library for that block size would stay in the
-    // cache unused.
-    let cache = tempfile::tempdir().unwrap();
+    // Refused before anything is compiled, by `run` and by `compile` alike: a library for
+    // that block size would stay in the cache unused.
     let llama = fixture("llama");
     let run = ["run", llama.to_str().unwrap(), "--prompt", "Hello", "--max-tokens", "4"];
-    let o = kiln(&run)
-        .env("KILN_CACHE_DIR", cache.path())
-        .args(["--prefill-block", "1000000000000"])
-        .output()
-        .unwrap();
-    assert_one_line_error(
-        &o,
-        &["cannot allocate", "activation buffers", "--prefill-block 1000000000000"],
-    );
-    let entries: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
-    assert!(entries.is_empty(), "nothing compiled or cached: {entries:?}");
+    let compile = ["compile", llama.to_str().unwrap()];
+    for command in [&run[..], &compile[..]] {
+        let cache = tempfile::tempdir().unwrap();
+        let o = kiln(command)
+            .env("KILN_CACHE_DIR", cache.path())
+            .args(["--prefill-block", "1000000000000"])
+            .output()
+            .unwrap();
+        assert_one_line_error(
+            &o,
+            &["cannot allocate", "activation buffers", "--prefill-block 1000000000000"],
+        );
+        let entries: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+        assert!(
+            entries.is_empty(),
+            "{}: nothing compiled or cached: {entries:?}",
+            command[0]
+        );
+    }
 }
 
 /// Below the machine's memory but past what can be allocated, the engine's buffers fail as an
