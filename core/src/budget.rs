@@ -297,7 +297,10 @@ impl Footprint {
             (Some(h), Some(rows)) => (rows * spec.weight(h).row_bytes()) as u64,
             _ => 0,
         };
-        let sum = |rows: Rows, n: usize| -> u64 {
+        // Bytes of the buffers of kind `rows` (the caches for `ctx` positions: what the engine
+        // touches of them).
+        let sum = |rows: Rows| -> u64 {
+            let n = rows.count(block_rows, ctx, slots);
             spec.buffers
                 .iter()
                 .filter(|b| b.rows == rows)
@@ -305,7 +308,7 @@ impl Footprint {
                 .sum()
         };
         // Recurrent state is held like the KV cache, but its size does not grow with `ctx`.
-        let kv = sum(Rows::Cache, ctx * slots) + sum(Rows::State, slots);
+        let kv = sum(Rows::Cache) + sum(Rows::State);
         Footprint {
             head: bytes(u.head),
             head_chunk,
@@ -315,7 +318,7 @@ impl Footprint {
             fixed: u.fixed.iter().map(|&w| spec.weight(w).bytes() as u64).sum(),
             kv,
             block_rows: block_rows as u64,
-            activations: sum(Rows::Block, block_rows),
+            activations: sum(Rows::Block) + sum(Rows::Head),
             layers: u.layers,
         }
     }

@@ -175,6 +175,34 @@ fn footprint_of_a_real_shape() {
     assert_eq!(f.kv, 24 * 2 * 2 * 64 * 512 * 4);
 }
 
+/// The logits are sized for the rows the head computes at once, not for the block: growing
+/// the block from 8 to 256 rows adds 248 rows of every block buffer and none of logits.
+#[test]
+fn logits_do_not_grow_with_the_block() {
+    let spec = spec_of(json!({
+        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": true, "vocab_size": 151936, "torch_dtype": "float32"
+    }));
+    let logits = spec.buffer(spec.buffer_named(crate::graph::LOGITS).unwrap());
+    assert_eq!(logits.rows, Rows::Head);
+    let block_row: u64 = spec
+        .buffers
+        .iter()
+        .filter(|b| b.rows == Rows::Block)
+        .map(|b| b.row_bytes() as u64)
+        .sum();
+    let logits_bytes = (crate::kernel::DECODE_ROWS * logits.row_bytes()) as u64;
+    let (small, large) = (Footprint::of(&spec, 8, 512, 1), Footprint::of(&spec, 256, 512, 1));
+    assert_eq!(small.activations, 8 * block_row + logits_bytes);
+    assert_eq!(large.activations, 256 * block_row + logits_bytes);
+    assert_eq!(
+        Footprint::of(&spec, 1, 512, 1).activations,
+        block_row + logits.row_bytes() as u64
+    );
+}
+
 /// Sizes parse in bytes or with binary units; anything else is an error naming the text.
 #[test]
 fn sizes_parse() {

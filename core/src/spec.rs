@@ -207,6 +207,11 @@ impl Elem {
 pub enum Rows {
     /// One per row of a block (the prefill block size; 1 in decode).
     Block,
+    /// One per row the output head computes in one call: at most [`crate::kernel::DECODE_ROWS`]
+    /// (the logits). The head runs on a prefill's last row, or a batched step's rows that ask
+    /// for logits a few at a time, never on a whole block: a row per block row had kept 155 MB
+    /// of logits for 256 rows of a 152k vocabulary that nothing wrote.
+    Head,
     /// A head-major KV cache: `max_position_embeddings` positions per head; `row_len` is
     /// `kv_heads * head_dim`.
     Cache,
@@ -214,6 +219,19 @@ pub enum Rows {
     /// rule's matrices): one row of `row_len` values per sequence slot, kept across calls
     /// like a KV cache, but of a fixed size whatever the sequence's length.
     State,
+}
+
+impl Rows {
+    /// Rows a buffer of this kind has with prefill blocks of `block_rows` rows and `slots`
+    /// sequences of `capacity` positions each (the KV caches).
+    pub fn count(self, block_rows: usize, capacity: usize, slots: usize) -> usize {
+        match self {
+            Rows::Block => block_rows,
+            Rows::Head => block_rows.min(crate::kernel::DECODE_ROWS),
+            Rows::Cache => capacity.saturating_mul(slots),
+            Rows::State => slots,
+        }
+    }
 }
 
 /// An activation buffer or cache owned by the engine.

@@ -182,8 +182,9 @@ pub struct OutOfMemory {
     pub bytes: usize,
 }
 
-/// Every buffer the spec declares: activations sized for `block_rows` rows, and K and V caches
-/// of `slots` sequences of `ctx` usable positions per layer.
+/// Every buffer the spec declares: activations sized for `block_rows` rows (the logits for the
+/// few rows the head computes at once), and K and V caches of `slots` sequences of `ctx` usable
+/// positions per layer.
 pub struct Buffers {
     bufs: Vec<AlignedBuf>,
     row_bytes: Vec<usize>,
@@ -203,16 +204,13 @@ impl Buffers {
         for b in &spec.buffers {
             let row = b.row_bytes();
             row_bytes.push(row);
-            let (count, reserve) = match b.rows {
-                Rows::Block => (block_rows, false),
-                // The caches are slot-major, then head-major (`[slots, kv_heads, capacity,
-                // head_dim]`) with the capacity the kernels were compiled for, the model's own
-                // limit; the engine uses only the first `ctx` positions of each head of the
-                // `slots` sequences it serves, so only those pages are ever backed by memory.
-                Rows::Cache => (spec.dims.max_position_embeddings.saturating_mul(slots), true),
-                // A recurrent state: one row per slot, of a fixed size.
-                Rows::State => (slots, false),
-            };
+            // The caches are slot-major, then head-major (`[slots, kv_heads, capacity,
+            // head_dim]`) with the capacity the kernels were compiled for, the model's own
+            // limit; the engine uses only the first `ctx` positions of each head of the `slots`
+            // sequences it serves, so only those pages are ever backed by memory. A recurrent
+            // state is one row per slot, of a fixed size.
+            let count = b.rows.count(block_rows, spec.dims.max_position_embeddings, slots);
+            let reserve = b.rows == Rows::Cache;
             let bytes = row.checked_mul(count);
             let buf = bytes.and_then(|n| {
                 if reserve {

@@ -37,7 +37,7 @@ impl Builder {
         let hidden = b.spec.dims.hidden_size;
         b.declare(RESIDUAL, hidden, Elem::F32, Rows::Block);
         let vocab = b.spec.dims.vocab_size;
-        b.declare(crate::graph::LOGITS, vocab, Elem::F32, Rows::Block);
+        b.declare(crate::graph::LOGITS, vocab, Elem::F32, Rows::Head);
         b.declare(ROW_INFO, ROW_INFO_LEN, Elem::I32, Rows::Block);
         b
     }
