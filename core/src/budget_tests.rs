@@ -145,17 +145,22 @@ fn a_tied_table_follows_the_head() {
     assert_eq!((small.head, small.embed), (Placement::Streamed, Placement::Streamed));
 }
 
+/// Qwen2.5-0.5B's published shape (tied, bf16).
+fn qwen2_5_0_5b() -> crate::ModelSpec {
+    spec_of(json!({
+        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "tie_word_embeddings": true, "vocab_size": 151936, "torch_dtype": "bfloat16"
+    }))
+}
+
 /// On Qwen2.5-0.5B's shape (tied, bf16): 24 equal layers holding every layer tensor, the
 /// head chunk within a layer's size and a multiple of 64 rows, and the KV cache of `ctx`
 /// positions of 2 KV heads of 64, K and V, f32.
 #[test]
 fn footprint_of_a_real_shape() {
-    let spec = spec_of(json!({
-        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
-        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": true, "vocab_size": 151936, "torch_dtype": "bfloat16"
-    }));
+    let spec = qwen2_5_0_5b();
     let f = Footprint::of(&spec, 64, 512, 1);
     assert_eq!(f.layers.len(), 24);
     assert!(f.layers.iter().all(|&l| l == f.layers[0]));
@@ -179,12 +184,7 @@ fn footprint_of_a_real_shape() {
 /// the block from 8 to 256 rows adds 248 rows of every block buffer and none of logits.
 #[test]
 fn logits_do_not_grow_with_the_block() {
-    let spec = spec_of(json!({
-        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "tie_word_embeddings": true, "vocab_size": 151936, "torch_dtype": "float32"
-    }));
+    let spec = qwen2_5_0_5b();
     let logits = spec.buffer(spec.buffer_named(crate::graph::LOGITS).unwrap());
     assert_eq!(logits.rows, Rows::Head);
     let block_row: u64 = spec
