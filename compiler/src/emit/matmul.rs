@@ -104,8 +104,8 @@ pub(super) fn q8_acts<'c, 'a>(
 
 /// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
 /// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`],
-/// and for calls of several rows over a k-quant a [`quant8::Stage`] (with word pairs for
-/// q4_k and q5_k).
+/// and for calls of several rows over a k-quant a [`quant8::Stage`] (and the rows in word
+/// pairs, [`q8_stage::word_paired`]).
 pub(super) fn with_layouts<'c, 'a>(
     b: Kb<'c, 'a>,
     d: Dyn<'c, '_>,

@@ -55,7 +55,7 @@ pub fn pairs<'c, 'a>(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usiz
     rearranged(b, d, acts, k, max_rows, (&low, &high))
 }
 
-/// A call's rows for staged q4_k and q5_k tiles (`memref<R x k x i8>`): each 64 elements'
+/// A call's rows for staged k-quant tiles (`memref<R x k x i8>`): each 64 elements'
 /// halves (groups `2c` and `2c + 1`) interleaved by 16-bit words, as
 /// [`super::quant8::word_pair_masks`] orders them, so that one `vpmaddubsw` yields pair sums of
 /// both groups, alternating, and two such sums add in i16 before one `vpmaddwd` applies both

@@ -107,7 +107,7 @@ pub struct Acts<'c, 'a> {
     /// ([`super::q8_layouts`]); `None` where no matmul of the call needs them.
     pub octets: Option<super::q8_layouts::Octets<'c, 'a>>,
     /// The rows again with each 64 elements' two halves interleaved by 16-bit words
-    /// ([`super::q8_layouts::word_pairs`]) for staged q4_k and q5_k tiles; `None` where unused.
+    /// ([`super::q8_layouts::word_pairs`]) for staged k-quant tiles; `None` where unused.
     pub word_pairs: Option<Value<'c, 'a>>,
     /// The rows again with each two blocks' halves side by side ([`super::q8_layouts::pairs`],
     /// `memref<R x k x i8>`) for the nibble formats' one-row steps; `None` where unused.

@@ -265,3 +265,42 @@ fn q8_rows_past_the_stack_budget_live_on_the_heap() {
         }
     }
 }
+
+/// The staged tiles add two groups' `vpmaddubsw` pair sums in i16 before their `vpmaddwd`:
+/// the largest possible sums (q6_k's largest codes, `c + 32 = 63`, against activations that
+/// all round to 127) must neither wrap nor saturate there, so prefill (staged) stays bitwise
+/// equal to one-row decode (one group at a time) and to the reference.
+#[test]
+fn q8_paired_k_quant_sums_hold_the_largest_codes() {
+    let (n, k) = (16, 512);
+    let dtype = DType::Q6K;
+    for lanes in widths().into_iter().filter(|&l| l >= 8) {
+        let kernels = [
+            matmul(dtype, n, k, false, false, ROWS),
+            matmul(dtype, n, k, false, false, 1),
+        ];
+        let lib = TestLib::build(&kernels, &options(lanes), None);
+        let mut rng = Rng(0x6c6 + lanes as u64);
+        let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+        // Each 210-byte block: ql (128) and qh (64) all ones (every code 63), 16 scales of
+        // 127, then d = 1.0 (f16).
+        for block in w.chunks_mut(dtype.block_bytes()) {
+            block[..192].fill(0xff);
+            block[192..208].fill(127);
+            block[208..210].copy_from_slice(&0x3c00u16.to_le_bytes());
+        }
+        let wv = reference(dtype, &w);
+        let mut x = vec![1.0f32; ROWS * k];
+        let want = reference_rows(&x, &wv, ROWS, n, k, span(dtype));
+        let mut y = vec![0f32; ROWS * n];
+        lib.call(&kernels[0], &[ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)], ROWS, 2);
+        for (i, (&g, &(s, tol))) in y.iter().zip(&want).enumerate() {
+            let tol = tol + 2.0 * f32::EPSILON as f64 * s.abs();
+            assert!((g as f64 - s).abs() <= tol, "{lanes} lanes [{i}]: got {g}, want {s}");
+        }
+        let mut xr = x[..k].to_vec();
+        let mut yr = vec![0f32; n];
+        lib.call(&kernels[1], &[ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)], 1, 1);
+        assert_bits(&yr, &y[..n], &format!("{lanes} lanes: decode = prefill"));
+    }
+}

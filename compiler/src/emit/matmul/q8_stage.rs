@@ -7,10 +7,10 @@
 //! codes and scales, AVX2's registers spill, and LLVM orders the work row by row, reloading
 //! codes and scales for every row; with q2_k the unpacking alone rivals the multiplies. Staged,
 //! a tile walks each block's slots in a loop whose bound LLVM cannot see (so it stays a loop
-//! with one slot and the rows' sums in registers), and q4_k and q5_k take two groups per slot
-//! pair: their activations interleaved by 16-bit words (`q8_layouts::word_pairs`), two
-//! `vpmaddubsw` results add in i16 and one `vpmaddwd` applies both groups' scales, three
-//! multiplies per 64 products and row instead of four.
+//! with one slot and the rows' sums in registers), and two groups take one slot pair: their
+//! activations interleaved by 16-bit words (`q8_layouts::word_pairs`), two `vpmaddubsw`
+//! results add in i16 and one `vpmaddwd` applies both groups' scales, three multiplies per 64
+//! products and row instead of four ([`word_paired`]).
 //!
 //! Every block's sum is the same exact integer as the one-row code's, and the float steps
 //! after it are the same operations in the same order, so outputs are bitwise those of decode.
@@ -34,11 +34,15 @@ pub(in crate::emit) fn staged(dtype: DType) -> bool {
     quant8::supports(dtype) && quant8::span(dtype) > GROUP
 }
 
-/// Whether `dtype`'s staged slots hold two groups' codes interleaved by words: the k-quants
-/// with one scale per 32 elements (with scales per 16, a group's two halves already fill
-/// `vpmaddwd`'s pairs with two scales, and halves of different groups could not add in i16).
+/// Whether `dtype`'s staged slots hold two groups' codes interleaved by words: every staged
+/// k-quant. The two `vpmaddubsw` results add in i16 without overflow: unsigned codes below 64
+/// (q6_k's `c + 32`, the largest) times activations of at most 128 in magnitude give pair sums
+/// up to `2 · 63 · 128`, two of them 32256. Each i32 lane of the `vpmaddwd` then holds the same
+/// four products of each group, times the same sub-block scales, as two one-group steps would
+/// (the four products of lane `d` lie in one sub-block of 16: [`CodeBlock::pair_scale`]), so
+/// every block's sum is the same integer.
 pub(in crate::emit) fn word_paired(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4K | DType::Q5K)
+    matches!(dtype, DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {

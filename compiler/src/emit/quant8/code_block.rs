@@ -271,16 +271,17 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         h
     }
 
-    /// q4_k/q5_k: groups `2c` and `2c + 1`'s scales alternating, for pair sums whose lanes
-    /// alternate between the two groups ([`super::word_pair_codes`]).
+    /// Groups `2c` and `2c + 1`'s scales alternating, for pair sums whose lanes alternate
+    /// between the two groups ([`super::word_pair_codes`]).
     pub fn pair_scale(&mut self, c: usize) -> Value<'c, 'a> {
-        assert!(
-            matches!(self.dtype, DType::Q4K | DType::Q5K),
-            "{} has scales per 16",
-            self.dtype
-        );
         let all = self.int_scales();
-        let mask: Vec<usize> = (0..16).map(|j| 2 * c + j % 2).collect();
+        let mask: Vec<usize> = match self.dtype {
+            // One scale per group of 32: lane `2d + h` takes group `2c + h`'s.
+            DType::Q4K | DType::Q5K => (0..16).map(|j| 2 * c + j % 2).collect(),
+            // Scales per 16: lane `2d + h` sums elements `4d .. 4d + 4` of group `2c + h`, in
+            // its sub-block `d / 4` (of two), whose scale is sub-block `2 (2c + h) + d / 4`.
+            _ => (0..16).map(|j| 4 * c + 2 * (j % 2) + j / 8).collect(),
+        };
         self.b.shuffle_any(all, all, &mask)
     }
 

@@ -121,7 +121,7 @@ pub fn word_pair_masks() -> (Vec<usize>, Vec<usize>) {
     (half(0), half(2))
 }
 
-/// q4_k/q5_k: groups `2c` and `2c + 1`'s codes in the order of
+/// Groups `2c` and `2c + 1`'s codes in the order of
 /// [`crate::emit::q8_layouts::word_pairs`], so that `vpmaddubsw` leaves group `2c`'s pair sums in
 /// its even i16 lanes and group `2c + 1`'s in its odd ones.
 pub fn word_pair_codes<'c, 'a>(
