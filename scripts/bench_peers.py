@@ -505,10 +505,21 @@ def main():
     text = "\n".join(lines)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{now.strftime('%Y%m%d-%H%M')}-{label}-t{args.threads}.md"
+    out = unused_path(out_dir, f"{now.strftime('%Y%m%d-%H%M')}-{label}-t{args.threads}")
     out.write_text(text)
     print(text)
     log(f"written to {out}")
+
+
+def unused_path(folder, stem):
+    """`folder/stem.md`, or `stem-2.md`, `stem-3.md` ... when taken: two runs with one label in
+    the same minute (a loop over formats) wrote the same name, and the second silently
+    replaced the first's table."""
+    out, n = folder / f"{stem}.md", 1
+    while out.exists():
+        n += 1
+        out = folder / f"{stem}-{n}.md"
+    return out
 
 
 if __name__ == "__main__":
