@@ -40,9 +40,6 @@ pub fn compile(args: &CompileArgs) -> Result<()> {
         ..args.build.open_options()
     };
     let loaded = PreparedModel::open(&args.model, &opts)?;
-    // A block whose activations no engine here could allocate is refused before compiling,
-    // as opening a session refuses it: its library would sit in the cache unused.
-    opts.check_block_fits(&loaded.spec, loaded.ctx(&opts)?)?;
     let host = HostCpu::detect();
     let cache = open_cache(None)?;
     let lib = ensure_compiled(&loaded.spec, &loaded.dir, &host, &cache, &opts)?;

@@ -260,6 +260,8 @@ pub fn open_cache(dir: Option<&Path>) -> Result<Cache> {
 
 /// Finds the library for `spec` in the cache, compiling and publishing it on a miss (or when the
 /// entry is corrupt). With `emit_*` set, the kernels' MLIR/assembly are written even on a hit.
+/// A bad `--ctx`, or a prefill block no engine here could allocate, is refused first: its
+/// library would sit in the cache unused ([`OpenOptions::check_block_fits`]).
 pub fn ensure_compiled(
     spec: &ModelSpec,
     model_dir: &Path,
@@ -267,6 +269,7 @@ pub fn ensure_compiled(
     cache: &Cache,
     opts: &OpenOptions,
 ) -> Result<CompiledLibrary> {
+    opts.check_block_fits(spec, engine_config(opts).resolved_ctx(spec)?)?;
     let options = opts.compile_options(host, spec)?;
     let request = LibraryRequest {
         key: cache_key(spec, &options, host),
@@ -526,9 +529,6 @@ impl PreparedModel {
         let host = HostCpu::detect();
         let cache = open_cache(opts.cache_dir.as_deref())?;
         let engine_config = engine_config(opts);
-        // Reject a bad --ctx or --prefill-block before paying for a compile.
-        let ctx = engine_config.resolved_ctx(&spec)?;
-        opts.check_block_fits(&spec, ctx)?;
         let mut library = ensure_compiled(&spec, &dir, &host, &cache, opts)?;
         let options = opts.compile_options(&host, &spec)?;
         let engine = match Engine::new(&spec, &options, &library.path, weights.clone(), &engine_config) {
