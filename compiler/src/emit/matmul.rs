@@ -104,8 +104,8 @@ pub(super) fn q8_acts<'c, 'a>(
 
 /// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
 /// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`],
-/// and for calls of several rows over a k-quant a [`quant8::Stage`] (and the rows in word
-/// pairs, [`q8_stage::word_paired`]).
+/// and for calls of several rows over a k-quant a [`quant8::Stage`] and the rows in word pairs
+/// ([`q8_stage::staged`]).
 pub(super) fn with_layouts<'c, 'a>(
     b: Kb<'c, 'a>,
     d: Dyn<'c, '_>,
@@ -122,7 +122,7 @@ pub(super) fn with_layouts<'c, 'a>(
     }
     if max_rows > 1 && q8_stage::staged(dtype) {
         acts.stage.get_or_insert_with(|| quant8::Stage::alloca(b, dtype, k));
-        if acts.word_pairs.is_none() && q8_stage::word_paired(dtype) {
+        if acts.word_pairs.is_none() {
             acts.word_pairs = Some(super::q8_layouts::word_pairs(b, d, &acts, k, max_rows));
         }
     }

@@ -10,7 +10,7 @@
 //! with one slot and the rows' sums in registers), and two groups take one slot pair: their
 //! activations interleaved by 16-bit words (`q8_layouts::word_pairs`), two `vpmaddubsw`
 //! results add in i16 and one `vpmaddwd` applies both groups' scales, three multiplies per 64
-//! products and row instead of four ([`word_paired`]).
+//! products and row instead of four ([`staged`]).
 //!
 //! Every block's sum is the same exact integer as the one-row code's, and the float steps
 //! after it are the same operations in the same order, so outputs are bitwise those of decode.
@@ -30,19 +30,16 @@ use melior::ir::Value;
 pub(super) const STAGE_MIN_ROWS: usize = 4;
 
 /// Whether calls of several rows over `dtype` stage their weight rows: the k-quants.
+///
+/// Every staged slot pair holds two groups' codes interleaved by words. The two `vpmaddubsw`
+/// results add in i16 without overflow: unsigned codes below 64 (q6_k's `c + 32`, the largest)
+/// times activations of at most 128 in magnitude give pair sums up to `2 · 63 · 128`, two of
+/// them 32256. Each i32 lane of the `vpmaddwd` then holds the same four products of each group,
+/// times the same sub-block scales, as two one-group steps would (the four products of lane `d`
+/// lie in one sub-block of 16: [`CodeBlock::pair_scale`]), so every block's sum is the same
+/// integer.
 pub(in crate::emit) fn staged(dtype: DType) -> bool {
     quant8::supports(dtype) && quant8::span(dtype) > GROUP
-}
-
-/// Whether `dtype`'s staged slots hold two groups' codes interleaved by words: every staged
-/// k-quant. The two `vpmaddubsw` results add in i16 without overflow: unsigned codes below 64
-/// (q6_k's `c + 32`, the largest) times activations of at most 128 in magnitude give pair sums
-/// up to `2 · 63 · 128`, two of them 32256. Each i32 lane of the `vpmaddwd` then holds the same
-/// four products of each group, times the same sub-block scales, as two one-group steps would
-/// (the four products of lane `d` lie in one sub-block of 16: [`CodeBlock::pair_scale`]), so
-/// every block's sum is the same integer.
-pub(in crate::emit) fn word_paired(dtype: DType) -> bool {
-    matches!(dtype, DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
@@ -73,18 +70,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 let mut block = CodeBlock::new(b, w, dtype, col, blk);
                 let first = b.muli(blk, b.idx(groups));
                 let slot = |i: usize| b.addi(first, b.idx(i));
-                if word_paired(dtype) {
-                    for p in 0..groups / 2 {
-                        let (low, high) = quant8::word_pair_codes(b, &mut block, p);
-                        b.store(low, stage.codes, &[at, slot(2 * p), zero]);
-                        b.store(high, stage.codes, &[at, slot(2 * p + 1), zero]);
-                        b.store(block.pair_scale(p), stage.scales, &[at, slot(p), zero]);
-                    }
-                } else {
-                    for g in 0..groups {
-                        b.store(block.codes(g), stage.codes, &[at, slot(g), zero]);
-                        b.store(block.int_scale(g), stage.scales, &[at, slot(g), zero]);
-                    }
+                for p in 0..groups / 2 {
+                    let (low, high) = quant8::word_pair_codes(b, &mut block, p);
+                    b.store(low, stage.codes, &[at, slot(2 * p), zero]);
+                    b.store(high, stage.codes, &[at, slot(2 * p + 1), zero]);
+                    b.store(block.pair_scale(p), stage.scales, &[at, slot(p), zero]);
                 }
                 if quant8::has_min_terms(dtype) {
                     b.store(block.offset_factors(), stage.offsets, &[at, blk, zero]);
@@ -135,9 +125,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
 }
 
 /// A block's `Σ sc·c·q` (8 i32 lanes) for each of `rows`, from weight row `at` of the stage,
-/// whose slots start at `first`: a loop over the block's slots, or over its slot pairs for
-/// the word-paired formats. Its bound is opaque, so LLVM keeps it a loop: the rows' sums, the
-/// slot's codes and scales are all it holds in registers.
+/// whose slots start at `first`: a loop over the block's slot pairs. Its bound is opaque, so
+/// LLVM keeps it a loop: the rows' sums, the pair's codes and scales are all it holds in
+/// registers.
 fn staged_sums<'c, 'a>(
     b: Kb<'c, 'a>,
     dtype: DType,
@@ -147,43 +137,27 @@ fn staged_sums<'c, 'a>(
     at: Value<'c, 'a>,
     first: Value<'c, 'a>,
 ) -> Vec<Value<'c, 'a>> {
-    let groups = dtype.block_elems() / GROUP;
-    let paired = word_paired(dtype);
-    let steps = if paired { groups / 2 } else { groups };
+    let pairs = dtype.block_elems() / GROUP / 2;
+    let word_pairs = acts.word_pairs.expect("a staged call's rows in word pairs");
     let inits: Vec<Value> = rows.iter().map(|_| b.int_splat(0, LANES, "i32")).collect();
-    let bound = b.opaque_index(b.idx(steps));
+    let bound = b.opaque_index(b.idx(pairs));
     b.for_range(b.idx(0), bound, b.idx(1), &inits, |b, s, sums| {
         let zero = b.idx(0);
-        if paired {
-            let word_pairs = acts.word_pairs.expect("word pairs for a word-paired format");
-            let slot = b.addi(first, b.muli(s, b.idx(2)));
-            let next = b.addi(slot, b.idx(1));
-            let low = b.load_bytes(stage.codes, &[at, slot, zero], GROUP);
-            let high = b.load_bytes(stage.codes, &[at, next, zero], GROUP);
-            let scale = b.load_vec(stage.scales, &[at, b.addi(first, s), zero], 16, "i16");
-            let (k0, k1) = (b.muli(slot, b.idx(GROUP)), b.muli(next, b.idx(GROUP)));
-            rows.iter()
-                .zip(sums)
-                .map(|(&r, sum)| {
-                    let p = b.addi(
-                        b.madd_u8_i8(low, b.load_bytes(word_pairs, &[r, k0], GROUP)),
-                        b.madd_u8_i8(high, b.load_bytes(word_pairs, &[r, k1], GROUP)),
-                    );
-                    b.addi(sum, b.madd_i16(p, scale))
-                })
-                .collect()
-        } else {
-            let slot = b.addi(first, s);
-            let codes = b.load_bytes(stage.codes, &[at, slot, zero], GROUP);
-            let scale = b.load_vec(stage.scales, &[at, slot, zero], 16, "i16");
-            let k0 = b.muli(slot, b.idx(GROUP));
-            rows.iter()
-                .zip(sums)
-                .map(|(&r, sum)| {
-                    let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-                    b.addi(sum, b.madd_i16(b.madd_u8_i8(codes, q), scale))
-                })
-                .collect()
-        }
+        let slot = b.addi(first, b.muli(s, b.idx(2)));
+        let next = b.addi(slot, b.idx(1));
+        let low = b.load_bytes(stage.codes, &[at, slot, zero], GROUP);
+        let high = b.load_bytes(stage.codes, &[at, next, zero], GROUP);
+        let scale = b.load_vec(stage.scales, &[at, b.addi(first, s), zero], 16, "i16");
+        let (k0, k1) = (b.muli(slot, b.idx(GROUP)), b.muli(next, b.idx(GROUP)));
+        rows.iter()
+            .zip(sums)
+            .map(|(&r, sum)| {
+                let p = b.addi(
+                    b.madd_u8_i8(low, b.load_bytes(word_pairs, &[r, k0], GROUP)),
+                    b.madd_u8_i8(high, b.load_bytes(word_pairs, &[r, k1], GROUP)),
+                );
+                b.addi(sum, b.madd_i16(p, scale))
+            })
+            .collect()
     })
 }
