@@ -9,15 +9,23 @@ use super::{Kb, lanes_of};
 use melior::ir::Value;
 
 impl<'c, 'a> Kb<'c, 'a> {
-    /// `vpmaddubsw`: i16 lane `i` is `u[2i] * s[2i] + u[2i + 1] * s[2i + 1]`, `u`'s 32 bytes read
-    /// as unsigned, `s`'s as signed, the sum saturated to i16 (callers keep it in range).
+    /// `vpmaddubsw`: i16 lane `i` is `u[2i] * s[2i] + u[2i + 1] * s[2i + 1]`, `u`'s bytes read
+    /// as unsigned, `s`'s as signed, the sum saturated to i16 (callers keep it in range). 32
+    /// bytes each (AVX2), or 64 (AVX512-BW).
     pub fn madd_u8_i8(&self, u: Value<'c, '_>, s: Value<'c, '_>) -> Value<'c, 'a> {
-        self.intrinsic("llvm.x86.avx2.pmadd.ub.sw", &[u, s], self.vec_ty(16, "i16"))
+        match lanes_of(u) {
+            64 => self.intrinsic("llvm.x86.avx512.pmaddubs.w.512", &[u, s], self.vec_ty(32, "i16")),
+            _ => self.intrinsic("llvm.x86.avx2.pmadd.ub.sw", &[u, s], self.vec_ty(16, "i16")),
+        }
     }
 
-    /// `vpmaddwd`: i32 lane `i` is `a[2i] * b[2i] + a[2i + 1] * b[2i + 1]` (16 i16 lanes each).
+    /// `vpmaddwd`: i32 lane `i` is `a[2i] * b[2i] + a[2i + 1] * b[2i + 1]`: 16 i16 lanes each
+    /// (AVX2), or 32 (AVX512-BW).
     pub fn madd_i16(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
-        self.intrinsic("llvm.x86.avx2.pmadd.wd", &[a, b], self.vec_ty(8, "i32"))
+        match lanes_of(a) {
+            32 => self.intrinsic("llvm.x86.avx512.pmaddw.d.512", &[a, b], self.vec_ty(16, "i32")),
+            _ => self.intrinsic("llvm.x86.avx2.pmadd.wd", &[a, b], self.vec_ty(8, "i32")),
+        }
     }
 
     /// `vpdpbusd` (AVX-VNNI, or AVX512-VNNI with VL): i32 lane `i` of `acc` plus the four

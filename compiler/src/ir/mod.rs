@@ -124,6 +124,14 @@ impl<'c, 'a> Kb<'c, 'a> {
             &[("value", self.attr(&format!("{v} : i32")))],
         )
     }
+    pub fn i64c(&self, v: i64) -> Value<'c, 'a> {
+        self.op1(
+            "arith.constant",
+            &[],
+            self.ty("i64"),
+            &[("value", self.attr(&format!("{v} : i64")))],
+        )
+    }
     /// A vector of `lanes` copies of `v`.
     pub fn f32_splat(&self, v: f32, lanes: usize) -> Value<'c, 'a> {
         let t = format!("vector<{lanes}xf32>");

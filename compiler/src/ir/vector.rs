@@ -10,6 +10,11 @@ impl<'c, 'a> Kb<'c, 'a> {
         let t = self.vec_ty(lanes, "f32");
         self.op1("vector.broadcast", &[scalar], t, &[])
     }
+    /// A vector of `lanes` copies of a scalar of any element type.
+    pub fn splat_scalar(&self, scalar: Value<'c, '_>, lanes: usize) -> Value<'c, 'a> {
+        let t = self.vec_ty(lanes, &scalar.r#type().to_string());
+        self.op1("vector.broadcast", &[scalar], t, &[])
+    }
     /// Sum of the lanes, reassociated (a tree of shuffles and adds).
     pub fn reduce_add(&self, v: Value<'c, '_>) -> Value<'c, 'a> {
         if !v.r#type().is_vector() {

@@ -21,8 +21,10 @@ pub struct CodeBlock<'c, 'a, 'w> {
     bytes: HashMap<(usize, usize), Value<'c, 'a>>,
     /// The k-quants' sub-block scales as i16 lanes ([`Self::int_scale`]).
     int_scales: Option<Value<'c, 'a>>,
-    /// [`Self::int_scale`]'s source vector, made once per block.
-    halves: Option<Value<'c, 'a>>,
+    /// [`Self::scale_parts`] by its parts, each made once per block.
+    scale_parts: Vec<(usize, Value<'c, 'a>)>,
+    /// q4_k/q5_k: [`Self::k4_words`], made once per block.
+    k4_words: Option<(Value<'c, 'a>, Value<'c, 'a>)>,
     high: Option<Value<'c, 'a>>,
 }
 
@@ -40,7 +42,8 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
             reader: BlockReader::new(b, w, dtype, row, blk, 16, quant::Zeros::Either),
             bytes: HashMap::new(),
             int_scales: None,
-            halves: None,
+            scale_parts: Vec::new(),
+            k4_words: None,
             high: None,
         }
     }
@@ -98,52 +101,68 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
                     None => codes,
                 }
             }
-            DType::Q4K | DType::Q5K => {
-                // Chunk c of 64: the low nibbles of qs[32c + l] (group 2c), then the high ones;
-                // q5_k adds bit g of qh[l] as bit 4.
-                let qs = if self.dtype == DType::Q4K { 16 } else { 48 };
-                let raw = self.load(qs + 32 * (g / 2), 32);
-                let code = if g.is_multiple_of(2) {
-                    b.andi(raw, self.splat8(15, 32))
-                } else {
-                    b.shrui(raw, self.splat8(4, 32))
-                };
-                if self.dtype == DType::Q5K {
-                    let qh = self.load(16, 32);
-                    b.ori(code, self.field(qh, g as i64, 1, 4))
-                } else {
-                    code
-                }
+            _ => {
+                let fields = kquant_fields(self.dtype, g);
+                let parts: Vec<Value> = fields
+                    .iter()
+                    .map(|f| {
+                        let raw = self.load(f.off, 32);
+                        self.field(raw, f.bit, f.width, f.to)
+                    })
+                    .collect();
+                parts
+                    .into_iter()
+                    .reduce(|a, p| b.ori(a, p))
+                    .expect("a code has a field")
             }
-            DType::Q2K | DType::Q3K => {
-                // Element 128n + 32j + l: bits 2j..2j+2 of qs[32n + l] (qs after q2_k's 16
-                // scale bytes, q3_k's 32 hmask bytes); q3_k adds bit 4n + j of hmask[l] as 4.
-                let (n, j) = (g / 4, g % 4);
-                let qs = if self.dtype == DType::Q2K { 16 } else { 32 };
-                let raw = self.load(qs + 32 * n, 32);
-                let low = self.field(raw, 2 * j as i64, 2, 0);
-                if self.dtype == DType::Q3K {
-                    let hmask = self.load(0, 32);
-                    b.ori(low, self.field(hmask, g as i64, 1, 2))
-                } else {
-                    low
-                }
-            }
-            DType::Q6K => {
-                // Element 128n + 32k + l: nibble k / 2 of ql[64n + 32 (k & 1) + l], bits 2k..2k+2
-                // of qh[32n + l] as bits 4..6.
-                let (n, k) = (g / 4, g % 4);
-                let ql = self.load(64 * n + 32 * (k & 1), 32);
-                let low = if k < 2 {
-                    b.andi(ql, self.splat8(15, 32))
-                } else {
-                    b.shrui(ql, self.splat8(4, 32))
-                };
-                let qh = self.load(128 + 32 * n, 32);
-                b.ori(low, self.field(qh, 2 * k as i64, 2, 4))
-            }
-            other => unreachable!("{other} has no 8-bit codes"),
         }
+    }
+
+    /// Groups `2c` and `2c + 1`'s codes side by side as a `vector<64xi8>` (one 512-bit
+    /// register): the bytes of [`Self::codes`] for both groups, each 32-byte source loaded once
+    /// for the two halves, and each half's field moved into place by rotating its 64-bit lanes
+    /// (`vprolvq`; a field never crosses a byte, so the bits a rotation carries across bytes
+    /// are the ones the mask drops). Two or three instructions per field for 64 codes where
+    /// two 256-bit groups take two to four each.
+    pub fn pair_codes_wide(&mut self, c: usize) -> Value<'c, 'a> {
+        let b = self.b;
+        let (first, second) = (kquant_fields(self.dtype, 2 * c), kquant_fields(self.dtype, 2 * c + 1));
+        let parts: Vec<Value> = first
+            .iter()
+            .zip(&second)
+            .map(|(f0, f1)| {
+                assert_eq!(
+                    (f0.width, f0.to),
+                    (f1.width, f1.to),
+                    "{} pairs unlike fields",
+                    self.dtype
+                );
+                let both = if f0.off == f1.off {
+                    let raw = self.load(f0.off, 32);
+                    b.shuffle_any(raw, raw, &(0..32).chain(0..32).collect::<Vec<_>>())
+                } else if f1.off == f0.off + 32 {
+                    self.load(f0.off, 64)
+                } else {
+                    let (lo, hi) = (self.load(f0.off, 32), self.load(f1.off, 32));
+                    b.shuffle_any(lo, hi, &(0..64).collect::<Vec<_>>())
+                };
+                let turn = |f: &Field| (f.to - f.bit).rem_euclid(64);
+                let moved = if (turn(f0), turn(f1)) == (0, 0) {
+                    both
+                } else {
+                    let words = b.vbitcast(both, "vector<8xi64>");
+                    let by: Vec<i64> = (0..8).map(|l| if l < 4 { turn(f0) } else { turn(f1) }).collect();
+                    let by = b.int_vec(&by, "i64");
+                    let turned = b.intrinsic("llvm.fshl.v8i64", &[words, words, by], b.vec_ty(8, "i64"));
+                    b.vbitcast(turned, "vector<64xi8>")
+                };
+                b.andi(moved, b.int_splat(((1 << f0.width) - 1) << f0.to, 64, "i8"))
+            })
+            .collect();
+        parts
+            .into_iter()
+            .reduce(|a, p| b.ori(a, p))
+            .expect("a code has a field")
     }
 
     /// Two nibble-format blocks' codes in the order of [`crate::emit::q8_layouts::pairs`]:
@@ -186,7 +205,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     }
 
     /// A k-quant's sub-block scales as 16 i16 lanes, made on first use: q4_k/q5_k its 6-bit
-    /// scales (lanes 0..8; its mins in 8..16, [`Self::k4_six_bits`]), q6_k its signed bytes,
+    /// scales (lanes 0..8; its mins in 8..16, [`Self::k4_words`]), q6_k its signed bytes,
     /// q2_k its low nibbles, q3_k its signed 6-bit scales. Unpacked in i16 lanes (one 256-bit
     /// vector) rather than the exact mode's i32 lanes (two).
     fn int_scales(&mut self) -> Value<'c, 'a> {
@@ -195,7 +214,11 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         }
         let b = self.b;
         let v = match self.dtype {
-            DType::Q4K | DType::Q5K => self.k4_six_bits(),
+            DType::Q4K | DType::Q5K => {
+                let (scales, mins) = self.k4_words();
+                let both = b.vbitcast(b.shuffle_any(scales, mins, &[0, 1]), "vector<16xi8>");
+                b.extui(both, "i16")
+            }
             DType::Q6K => b.extsi(self.load(192, 16), "i16"),
             DType::Q2K => b.andi(b.extui(self.load(0, 16), "i16"), b.int_splat(15, 16, "i16")),
             _ => b.trunci(self.reader.int_scales(), "i16"),
@@ -204,71 +227,80 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         v
     }
 
-    /// q4_k/q5_k: the 6-bit `sc_j` (lanes 0..8) and `m_j` (lanes 8..16) as i16 lanes, unpacked
-    /// as ggml's `get_scale_min_k4` (the layout of `quant.rs`'s `k4_six_bits`): for `j < 4`
-    /// the low 6 bits of bytes `j` and `j + 4` of the 12 scale bytes; for `j >= 4` the low
-    /// (high) nibble of byte `j + 4` plus the top 2 bits of byte `j - 4` (`j`) as bits 4..6.
-    fn k4_six_bits(&mut self) -> Value<'c, 'a> {
-        let b = self.b;
-        let raw = self.load(4, 16);
-        let lane = |s: usize| (s % 8, s >= 8);
-        let p_src: Vec<usize> = (0..16)
-            .map(|s| match lane(s) {
-                (j, false) if j < 4 => j,
-                (j, _) => j + 4,
-            })
-            .collect();
-        let q_src: Vec<usize> = (0..16)
-            .map(|s| match lane(s) {
-                (j, _) if j < 4 => 0,
-                (j, true) => j,
-                (j, false) => j - 4,
-            })
-            .collect();
-        let p_shift: Vec<i64> = (0..16)
-            .map(|s| match lane(s) {
-                (j, true) if j >= 4 => 4,
-                _ => 0,
-            })
-            .collect();
-        let p_mask: Vec<i64> = (0..16).map(|s| if s % 8 < 4 { 63 } else { 15 }).collect();
-        let q_mask: Vec<i64> = (0..16).map(|s| if s % 8 < 4 { 0 } else { 0x30 }).collect();
-        let p = b.extui(b.shuffle_any(raw, raw, &p_src), "i16");
-        let q = b.extui(b.shuffle_any(raw, raw, &q_src), "i16");
-        let p = b.andi(b.shrui(p, b.int_vec(&p_shift, "i16")), b.int_vec(&p_mask, "i16"));
-        let q = b.andi(b.shrui(q, b.int_splat(2, 16, "i16")), b.int_vec(&q_mask, "i16"));
-        b.ori(p, q)
+    /// q4_k/q5_k: [`quant::k4_words`] of the block, made once.
+    fn k4_words(&mut self) -> (Value<'c, 'a>, Value<'c, 'a>) {
+        if let Some(w) = self.k4_words {
+            return w;
+        }
+        let w = quant::k4_words(self.b, self.w, self.row, self.base);
+        self.k4_words = Some(w);
+        w
     }
 
     /// A k-quant's sub-block scales for group `g`'s 16 i16 pair sums (pair `j` holds elements
     /// `2j, 2j + 1`): q4_k/q5_k the group's one scale; q2_k, q3_k and q6_k (sub-blocks of 16)
     /// sub-block `2g`'s for pairs 0..8 and `2g + 1`'s for pairs 8..16.
     pub fn int_scale(&mut self, g: usize) -> Value<'c, 'a> {
-        let b = self.b;
-        let halves = self.scale_halves();
-        let mask: Vec<usize> = (0..16).map(|j| 8 * (j / 8) + g).collect();
-        b.shuffle_any(halves, halves, &mask)
+        self.pick_scales(2, |_| g)
     }
 
-    /// The block's scales with each 128-bit half holding the 8 that [`Self::int_scale`]
-    /// broadcasts from (q4_k/q5_k: the group scales in both halves; else the even sub-blocks'
-    /// in the low half, the odd ones' in the high half), made once per block: each group's
-    /// vector is then one in-lane `vpshufb`, not a cross-lane broadcast of two instructions
-    /// (the 8 broadcasts per block were the decode loop's busiest port). Opaque, or LLVM
-    /// folds the two shuffles back into one cross-lane broadcast per group.
-    fn scale_halves(&mut self) -> Value<'c, 'a> {
-        if let Some(h) = self.halves {
-            return h;
+    /// The scales of [`Self::pair_codes_wide`]'s 32 i16 pair sums: quarter `q` (lanes
+    /// `8q .. 8q + 8`, elements `16q ..` of the pair) takes q4_k's/q5_k's group `2c + q / 2`
+    /// scale, the others' sub-block `4c + q`.
+    pub fn pair_scale_wide(&mut self, c: usize) -> Value<'c, 'a> {
+        let whole_groups = matches!(self.dtype, DType::Q4K | DType::Q5K);
+        self.pick_scales(4, |q| if whole_groups { 2 * c + q / 2 } else { c })
+    }
+
+    /// `8 · parts` i16 scales, each 128-bit part `p` all the scale at `pick(p)` in that part of
+    /// [`Self::scale_parts`]: one in-lane `vpshufb` (q4_k/q5_k: of the scale bytes, zero-extended
+    /// by the same shuffle).
+    fn pick_scales(&mut self, parts: usize, pick: impl Fn(usize) -> usize) -> Value<'c, 'a> {
+        let b = self.b;
+        let source = self.scale_parts(parts);
+        if matches!(self.dtype, DType::Q4K | DType::Q5K) {
+            let zeros = b.int_splat(0, 16 * parts, "i8");
+            let mask: Vec<usize> = (0..16 * parts)
+                .map(|m| {
+                    if m % 2 == 0 {
+                        16 * (m / 16) + pick(m / 16)
+                    } else {
+                        16 * parts
+                    }
+                })
+                .collect();
+            return b.vbitcast(
+                b.shuffle_any(source, zeros, &mask),
+                &format!("vector<{}xi16>", 8 * parts),
+            );
+        }
+        let mask: Vec<usize> = (0..8 * parts).map(|j| 8 * (j / 8) + pick(j / 8)).collect();
+        b.shuffle_any(source, source, &mask)
+    }
+
+    /// The block's scales laid out for [`Self::pick_scales`] in a vector of `parts` 128-bit
+    /// parts (two for 256-bit group steps, four for 512-bit pair steps), made once per block:
+    /// q4_k/q5_k the 8 scale bytes ([`Self::k4_words`]) in every part; else i16 sub-block
+    /// scales, part `p` holding sub-blocks `p, p + parts, p + 2 · parts, ..`. Each group's
+    /// scales are then one in-lane `vpshufb`, not a cross-lane broadcast of two instructions
+    /// (the 8 broadcasts per block were the decode loop's busiest port). Opaque, or LLVM folds
+    /// the shuffles back into one cross-lane broadcast per group.
+    fn scale_parts(&mut self, parts: usize) -> Value<'c, 'a> {
+        if let Some(&(_, v)) = self.scale_parts.iter().find(|(p, _)| *p == parts) {
+            return v;
         }
         let b = self.b;
-        let all = self.int_scales();
-        let mask: Vec<usize> = match self.dtype {
-            DType::Q4K | DType::Q5K => (0..16).map(|j| j % 8).collect(),
-            _ => (0..16).map(|j| 2 * (j % 8) + j / 8).collect(),
+        let v = if matches!(self.dtype, DType::Q4K | DType::Q5K) {
+            let scales = b.extract_lane(self.k4_words().0, 0);
+            b.vbitcast(b.splat_scalar(scales, 2 * parts), &format!("vector<{}xi8>", 16 * parts))
+        } else {
+            let all = self.int_scales();
+            let mask: Vec<usize> = (0..8 * parts).map(|j| (j / 8 + parts * (j % 8)) % 16).collect();
+            b.shuffle_any(all, all, &mask)
         };
-        let h = b.opaque(b.shuffle_any(all, all, &mask));
-        self.halves = Some(h);
-        h
+        let v = b.opaque(v);
+        self.scale_parts.push((parts, v));
+        v
     }
 
     /// Groups `2c` and `2c + 1`'s scales alternating, for pair sums whose lanes alternate
@@ -323,7 +355,7 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         match self.dtype {
             DType::Q4K | DType::Q5K => {
                 // `-dmin · m`, as the exact mode's scale vector holds it (same product).
-                let m = b.extui(b.slice(self.int_scales(), 8, 8), "i32");
+                let m = b.extui(b.vbitcast(self.k4_words().1, "vector<8xi8>"), "i32");
                 let dmin = b.negf(b.load_f16_splat(self.w, &[self.row, b.addi(self.base, b.idx(2))], 8));
                 b.mulf(b.sitofp(m), dmin)
             }
@@ -354,5 +386,45 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
     pub fn sub_scales(&mut self) -> Value<'c, 'a> {
         assert!(!super::has_min_terms(self.dtype), "{} has min terms", self.dtype);
         self.int_scales()
+    }
+}
+
+/// One bit field of a k-quant's codes: bits `bit .. bit + width` of each of the 32 bytes at
+/// `off` in the block, as bits `to ..` of the code of the same element.
+#[derive(Clone, Copy, Debug)]
+struct Field {
+    off: usize,
+    bit: i64,
+    width: i64,
+    to: i64,
+}
+
+/// Where group `g`'s 32 codes (elements `32 g ..`) lie in a k-quant block, ORed together:
+/// - q4_k/q5_k: chunk `c` of 64 holds the low nibbles of `qs[32c + l]` (group `2c`), then
+///   the high ones; q5_k adds bit `g` of `qh[l]` as bit 4;
+/// - q2_k/q3_k: element `128n + 32j + l` is bits `2j .. 2j + 2` of `qs[32n + l]` (`qs` after
+///   q2_k's 16 scale bytes, q3_k's 32 hmask bytes); q3_k adds bit `4n + j` of `hmask[l]` as 2;
+/// - q6_k: element `128n + 32k + l` is nibble `k / 2` of `ql[64n + 32 (k & 1) + l]`, with bits
+///   `2k .. 2k + 2` of `qh[32n + l]` as bits 4..6.
+fn kquant_fields(dtype: DType, g: usize) -> Vec<Field> {
+    let field = |off: usize, bit: usize, width: i64, to: i64| Field {
+        off,
+        bit: bit as i64,
+        width,
+        to,
+    };
+    match dtype {
+        DType::Q4K => vec![field(16 + 32 * (g / 2), 4 * (g % 2), 4, 0)],
+        DType::Q5K => vec![field(48 + 32 * (g / 2), 4 * (g % 2), 4, 0), field(16, g, 1, 4)],
+        DType::Q2K => vec![field(16 + 32 * (g / 4), 2 * (g % 4), 2, 0)],
+        DType::Q3K => vec![field(32 + 32 * (g / 4), 2 * (g % 4), 2, 0), field(0, g, 1, 2)],
+        DType::Q6K => {
+            let (n, k) = (g / 4, g % 4);
+            vec![
+                field(64 * n + 32 * (k & 1), 4 * (k / 2), 4, 0),
+                field(128 + 32 * n, 2 * k, 2, 4),
+            ]
+        }
+        other => unreachable!("{other} is not a k-quant"),
     }
 }
