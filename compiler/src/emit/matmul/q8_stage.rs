@@ -29,6 +29,12 @@ use melior::ir::Value;
 /// 4 rows 84.4 → 87.4).
 pub(super) const STAGE_MIN_ROWS: usize = 4;
 
+/// Activation rows per staged tile with AVX-512's 512-bit steps: 4, where the register file
+/// would allow 8 (`quant_speed`, one thread, 2-core Zen 5, n = k = 2048, 64 rows, GFLOP/s, 8
+/// → 4 rows: q4_k 330 → 341, q6_k 292 → 320, q3_k 295 → 324, q2_k 303 → 313). AVX2's
+/// 256-bit steps keep 8 (q4_k 211 → 201 with 4).
+pub(super) const WIDE_STAGED_TILE: usize = 4;
+
 /// Whether calls of several rows over `dtype` stage their weight rows: the k-quants.
 ///
 /// Every staged slot pair holds two groups' codes interleaved by words. The two `vpmaddubsw`
