@@ -97,13 +97,15 @@ pub(super) fn q8_acts<'c, 'a>(
     opts: &kiln_core::CompileOptions,
 ) -> Option<quant8::Acts<'c, 'a>> {
     (opts.precision == kiln_core::Precision::Q8 && quant8::supports(dtype)).then(|| {
-        let acts = quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype));
+        let mut acts = quant8::Acts::quantise(b, d, x, k, max_rows, quant8::vnni(opts), quant8::span(dtype));
+        acts.vnni512 = quant8::vnni512(opts);
         with_layouts(b, d, acts, dtype, k, max_rows)
     })
 }
 
 /// `acts` with its rows in the layouts matmuls over `dtype` read ([`super::q8_layouts`]):
-/// octets where the call may have a full one, pairs of blocks for [`q8_blocks::in_pairs`],
+/// octets where the call may have a full one (and sixteens for [`q8_blocks::in_sixteens`] with
+/// AVX512-VNNI), pairs of blocks for [`q8_blocks::in_pairs`],
 /// and for calls of several rows over a k-quant a [`quant8::Stage`] and the rows in word pairs
 /// ([`q8_stage::staged`]).
 pub(super) fn with_layouts<'c, 'a>(
@@ -116,6 +118,10 @@ pub(super) fn with_layouts<'c, 'a>(
 ) -> quant8::Acts<'c, 'a> {
     if acts.octets.is_none() && q8_blocks::exact_blocks(dtype) && max_rows >= super::q8_layouts::ROWS {
         acts.octets = Some(super::q8_layouts::Octets::build(b, d, &acts, k, max_rows));
+    }
+    let sixteen = super::q8_layouts::SIXTEEN;
+    if acts.sixteens.is_none() && acts.vnni512 && q8_blocks::in_sixteens(dtype) && max_rows >= sixteen {
+        acts.sixteens = Some(super::q8_layouts::Sixteens::build(b, d, &acts, k, max_rows));
     }
     if acts.pairs.is_none() && q8_blocks::in_pairs(dtype) && k.is_multiple_of(2 * quant8::GROUP) {
         acts.pairs = Some(super::q8_layouts::pairs(b, d, &acts, k, max_rows));

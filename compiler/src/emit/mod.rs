@@ -15,7 +15,7 @@ mod norm;
 mod probe;
 mod q8_layouts;
 mod quant;
-mod quant8;
+pub(crate) mod quant8;
 mod recurrent;
 mod rope;
 

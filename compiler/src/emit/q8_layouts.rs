@@ -11,6 +11,12 @@
 //! codes with chunk `k` repeated in each low lane and chunk `k + 4` in each high lane (one
 //! `vpshufd`) multiply it in one `vpmaddubsw`, and the four products of a quad add up to each
 //! row's sums over the block's two halves.
+//!
+//! Sixteens.
+//! With AVX512-VNNI sixteen rows take one 512-bit vector per chunk: for chunk `k` of a group,
+//! `[r0_k r1_k .. r15_k]`. A weight block's chunk `k` repeated in all 16 lanes (one `vpermd`)
+//! meets it in one `vpdpbusd`, and eight of them leave the 16 rows' block sums in the lanes:
+//! 16 rows for what an octet does for 8, without its fold of two quads (`matmul/q8_blocks.rs`).
 
 use super::Dyn;
 use super::quant8::{Acts, GROUP};
@@ -32,6 +38,68 @@ pub struct Octets<'c, 'a> {
     pub s: Value<'c, 'a>,
     /// `memref<O x k/32 x 8 x f32>`: the eight rows' `Σq` ([`Acts::sums`]).
     pub sums: Value<'c, 'a>,
+}
+
+/// Activation rows in a [`Sixteens`] group.
+pub const SIXTEEN: usize = 16;
+
+/// A call's full sixteens of rows (rows `16o .. 16o + 16`), built from [`Acts`] once per call.
+#[derive(Clone, Copy)]
+pub struct Sixteens<'c, 'a> {
+    /// `memref<O x k/32 x 8 x 16 x i32>`: vector `k` of sixteen `o`, group `g` is the rows'
+    /// chunk `k` (codes `4k .. 4k + 4` of the group), one row per lane.
+    pub q: Value<'c, 'a>,
+    /// `memref<O x k/32 x 16 x f32>`: the rows' group scales `d`.
+    pub d: Value<'c, 'a>,
+    /// `memref<O x k/32 x 16 x f32>`: the rows' `d · Σq` ([`Acts::s32`]).
+    pub s: Value<'c, 'a>,
+    /// `memref<O x k/32 x 16 x f32>`: the rows' `Σq` ([`Acts::sums`]).
+    pub sums: Value<'c, 'a>,
+}
+
+impl<'c, 'a> Sixteens<'c, 'a> {
+    /// The sixteens of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
+    /// `k` elements; rows past the last full sixteen are left to octets and one-row code.
+    pub fn build(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
+        let (groups, count) = (k / GROUP, max_rows / SIXTEEN);
+        assert!(count > 0, "{max_rows} rows hold no sixteen");
+        let per_row = |elem: &str| acts.buffer(b, &format!("memref<{count}x{groups}x{SIXTEEN}x{elem}>"));
+        let chunks = GROUP / 4;
+        let six = Sixteens {
+            q: acts.buffer(b, &format!("memref<{count}x{groups}x{chunks}x{SIXTEEN}xi32>")),
+            d: per_row("f32"),
+            s: per_row("f32"),
+            sums: per_row("f32"),
+        };
+        let full = b.divui(d.rows, b.idx(SIXTEEN));
+        b.for_each(b.idx(0), full, b.idx(1), |b, o| {
+            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| six.fill(b, acts, o, g));
+        });
+        six
+    }
+
+    /// Sixteen `o`, group `g`: each row's chunks stored to their lanes (a 16 x 8 transpose of
+    /// 4-byte chunks, one store each: per call, against the `16 · k` products per weight row
+    /// that read them), and the rows' scalars.
+    fn fill(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, o: Value<'c, '_>, g: Value<'c, '_>) {
+        let r0 = b.muli(o, b.idx(SIXTEEN));
+        let rows: Vec<Value> = (0..SIXTEEN).map(|i| b.addi(r0, b.idx(i))).collect();
+        let k0 = b.muli(g, b.idx(GROUP));
+        for (lane, &r) in rows.iter().enumerate() {
+            let chunks = b.vbitcast(b.load_bytes(acts.q, &[r, k0], GROUP), "vector<8xi32>");
+            for c in 0..GROUP / 4 {
+                b.store(b.extract_lane(chunks, c), self.q, &[o, g, b.idx(c), b.idx(lane)]);
+            }
+        }
+        let zero = b.idx(0);
+        for (from, to) in [(acts.d, self.d), (acts.s32, self.s), (acts.sums, self.sums)] {
+            let lanes: Vec<Value> = rows
+                .iter()
+                .map(|&r| b.broadcast(b.load_f32(from, &[r, g], 1), 1))
+                .collect();
+            b.store(join(b, &lanes), to, &[o, g, zero]);
+        }
+    }
 }
 
 /// The `vector<1xf32>` values in order, as one vector (a tree of shuffles).

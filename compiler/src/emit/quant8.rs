@@ -106,6 +106,9 @@ pub struct Acts<'c, 'a> {
     /// The rows again, eight at a time for the exact block sums of prefill tiles
     /// ([`super::q8_layouts`]); `None` where no matmul of the call needs them.
     pub octets: Option<super::q8_layouts::Octets<'c, 'a>>,
+    /// The rows again, sixteen at a time, for the exact block sums of prefill tiles with
+    /// 512-bit `vpdpbusd` ([`super::q8_layouts::Sixteens`]); `None` where unused.
+    pub sixteens: Option<super::q8_layouts::Sixteens<'c, 'a>>,
     /// The rows again with each 64 elements' two halves interleaved by 16-bit words
     /// ([`super::q8_layouts::word_pairs`]) for staged k-quant tiles; `None` where unused.
     pub word_pairs: Option<Value<'c, 'a>>,
@@ -119,8 +122,24 @@ pub struct Acts<'c, 'a> {
     pub heap: bool,
     /// Whether dot products use `vpdpbusd` ([`vnni`]).
     pub vnni: bool,
+    /// Whether they may use it on 512-bit vectors ([`vnni512`]).
+    pub vnni512: bool,
     /// Elements sharing one scale ([`span`]): 32, or 256 for the k-quants.
     pub span: usize,
+}
+
+/// Whether this library may use `vpdpbusd` on 512-bit vectors: the host's own code with
+/// 512-bit vectors on a CPU with AVX512-VNNI (its 256-bit form is [`vnni`]'s).
+pub fn vnni512(opts: &kiln_core::CompileOptions) -> bool {
+    if opts.f32_lanes < 16 {
+        return false;
+    }
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let host = *HOST.get_or_init(|| {
+        let cpu = kiln_core::HostCpu::detect();
+        cpu.has("avx512_vnni") && cpu.has("avx512bw")
+    });
+    opts.target_cpu.is_none() && host && cfg!(target_arch = "x86_64")
 }
 
 /// Whether this library may use `vpdpbusd` on 256-bit vectors: the host's own code (no
@@ -164,11 +183,13 @@ impl<'c, 'a> Acts<'c, 'a> {
             sums: buf(format!("memref<{max_rows}x{groups}xf32>")),
             bsums16: buf(format!("memref<{max_rows}x{}xi16>", 2 * groups)),
             octets: None,
+            sixteens: None,
             pairs: None,
             word_pairs: None,
             stage: None,
             heap,
             vnni,
+            vnni512: false,
             span,
         };
         let per_span = span / GROUP;
@@ -210,6 +231,11 @@ impl<'c, 'a> Acts<'c, 'a> {
             b.dealloc(v);
         }
         if let Some(o) = self.octets {
+            for v in [o.q, o.d, o.s, o.sums] {
+                b.dealloc(v);
+            }
+        }
+        if let Some(o) = self.sixteens {
             for v in [o.q, o.d, o.s, o.sums] {
                 b.dealloc(v);
             }

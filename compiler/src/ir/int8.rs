@@ -32,8 +32,12 @@ impl<'c, 'a> Kb<'c, 'a> {
     /// products `u[4i + j] * s[4i + j]` (`u`'s bytes unsigned, `s`'s signed), without the
     /// intermediate i16 saturation of `vpmaddubsw`. LLVM 22 declares its operands as bytes
     /// (`<32 x i8>`; earlier versions as `<8 x i32>`).
+    /// 32 bytes each (AVX-VNNI, AVX512-VNNI with VL), or 64 (AVX512-VNNI).
     pub fn dot_u8_i8(&self, acc: Value<'c, '_>, u: Value<'c, '_>, s: Value<'c, '_>) -> Value<'c, 'a> {
-        self.intrinsic("llvm.x86.avx512.vpdpbusd.256", &[acc, u, s], self.vec_ty(8, "i32"))
+        match lanes_of(u) {
+            64 => self.intrinsic("llvm.x86.avx512.vpdpbusd.512", &[acc, u, s], self.vec_ty(16, "i32")),
+            _ => self.intrinsic("llvm.x86.avx512.vpdpbusd.256", &[acc, u, s], self.vec_ty(8, "i32")),
+        }
     }
 
     /// `vpsignb`: each byte of `a` negated where `b`'s is negative, zeroed where it is zero.

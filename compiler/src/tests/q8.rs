@@ -304,3 +304,43 @@ fn q8_paired_k_quant_sums_hold_the_largest_codes() {
         assert_bits(&yr, &y[..n], &format!("{lanes} lanes: decode = prefill"));
     }
 }
+
+/// Prefill tiles of sixteen rows (`q8_layouts::Sixteens`: 512-bit `vpdpbusd` over the rows'
+/// 4-code chunks, on AVX512-VNNI hosts) compute what one-row decode does, bit for bit, for
+/// every format they take; 40 rows run two sixteens, then an octet. Where the host has
+/// AVX512-VNNI the kernel must contain the 512-bit `vpdpbusd` (so the check covers that
+/// path); elsewhere the same rows run octets and one-row code, checked the same way.
+#[test]
+fn q8_sixteens_equal_one_row_decode() {
+    let (n, k, rows) = (7, 512, 40);
+    let lanes = *widths().first().expect("a vector width");
+    let opts = options(lanes);
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
+        let (prefill, decode) = (
+            matmul(dtype, n, k, false, false, rows),
+            matmul(dtype, n, k, false, false, 1),
+        );
+        let dump = tempfile::tempdir().unwrap();
+        let lib = TestLib::build(&[prefill.clone(), decode.clone()], &opts, Some(dump.path()));
+        let wide = std::fs::read_dir(dump.path())
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+            .any(|text| text.contains("llvm.x86.avx512.vpdpbusd.512"));
+        assert_eq!(wide, crate::emit::quant8::vnni512(&opts), "{dtype}: sixteens emitted");
+        let mut rng = Rng(0x5160 + dtype as u64);
+        let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+        let mut x = rng.vec(rows * k);
+        let mut y = vec![0f32; rows * n];
+        lib.call(&prefill, &[ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)], rows, 2);
+        for r in 0..rows {
+            let mut xr = x[r * k..(r + 1) * k].to_vec();
+            let mut yr = vec![0f32; n];
+            lib.call(&decode, &[ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)], 1, 2);
+            assert_bits(
+                &yr,
+                &y[r * n..(r + 1) * n],
+                &format!("{dtype} row {r} of {rows}, {lanes} lanes"),
+            );
+        }
+    }
+}

@@ -433,9 +433,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
         // k-quants in q8 mode with several rows: the weight rows unpacked once for every tile
         // of `STAGE_MIN_ROWS` or more (`q8_stage.rs`); smaller tiles read the weights themselves.
         let staged = max_rows > 1 && self.q8.is_some_and(|a| a.stage.is_some()) && super::q8_stage::staged(dtype);
-        let tile = match staged && self.lanes >= 16 {
-            true => super::q8_stage::WIDE_STAGED_TILE,
-            false => decode_row_tile(acc_cols, self.lanes),
+        let sixteens = self.q8.is_some_and(|a| a.sixteens.is_some()) && super::q8_blocks::in_sixteens(dtype);
+        let tile = if staged && self.lanes >= 16 {
+            super::q8_stage::WIDE_STAGED_TILE
+        } else if sixteens {
+            crate::emit::q8_layouts::SIXTEEN
+        } else {
+            decode_row_tile(acc_cols, self.lanes)
         };
         let tile = tile.min(max_rows.next_power_of_two());
         let run = |b: Kb<'c, '_>, r0: Value<'c, '_>, m: usize| {

@@ -19,7 +19,7 @@
 
 use super::MatMul;
 use super::decode::{Tile, prefetch_group};
-use crate::emit::q8_layouts::{self, Octets};
+use crate::emit::q8_layouts::{self, Octets, Sixteens};
 use crate::emit::quant8::{Acts, CodeBlock, GROUP};
 use crate::ir::Kb;
 use kiln_core::DType;
@@ -39,6 +39,13 @@ pub(super) fn exact_blocks(dtype: DType) -> bool {
 /// q4_0 34.0 → 43.1, q4_1 28.7 → 32.7, q5_0 22.3 → 23.6, q5_1 20.2 → 19.0).
 pub(super) fn in_pairs(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0)
+}
+
+/// Whether full sixteens of rows over `dtype` take 512-bit `vpdpbusd` steps
+/// ([`q8_layouts::Sixteens`], with AVX512-VNNI): the formats of unsigned codes, not q8_0
+/// (whose signed codes `vpdpbusd` cannot take, and AVX-512 has no `vpsignb`).
+pub(in crate::emit) fn in_sixteens(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
 }
 
 /// A block's offset: q4_0's and q5_0's codes are `c - off`, q4_1's and q5_1's values have a
@@ -289,8 +296,8 @@ fn quad_sums<'c, 'a>(
 }
 
 impl<'c, 'a> MatMul<'c, 'a> {
-    /// The tile's outputs: by octets where it is a full octet of rows, else one activation row
-    /// at a time with the weight rows in the lanes.
+    /// The tile's outputs: by sixteens or octets where it is a full one of rows, else one
+    /// activation row at a time with the weight rows in the lanes.
     pub(super) fn q8_block_rows(
         &self,
         b: Kb<'c, '_>,
@@ -299,8 +306,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
         t: Tile<'c, '_>,
         acts: &Acts<'c, '_>,
     ) {
-        match acts.octets {
-            Some(oct) if t.m == q8_layouts::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
+        match (acts.sixteens, acts.octets) {
+            (Some(six), _) if t.m == q8_layouts::SIXTEEN => self.q8_sixteen(b, w, dtype, t, &six),
+            (_, Some(oct)) if t.m == q8_layouts::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
             _ => self.q8_lanes(b, w, dtype, t, acts),
         }
     }
@@ -467,6 +475,49 @@ impl<'c, 'a> MatMul<'c, 'a> {
                     (m, per_row(oct.s))
                 };
                 acc[c] = block_step(b, off, f, per_row(oct.sums), scale, min, acc[c]);
+            }
+        });
+        for (c, &col) in cols.iter().enumerate() {
+            for (i, &row) in rows.iter().enumerate() {
+                self.finish(b, b.extract(acc[c], i), row, col);
+            }
+        }
+    }
+    /// A full sixteen of activation rows (`t.r0` a multiple of 16, AVX512-VNNI): per weight
+    /// row and block, each 4-code chunk of its codes repeated in 16 lanes (`vpermd`) meets the
+    /// sixteen's chunk vector in one 512-bit `vpdpbusd`, and eight of them leave the 16 rows'
+    /// exact block sums in the lanes; then the float step of [`block_step`] for all 16, as the
+    /// octets and the one-row code take it per output (so the same bits).
+    fn q8_sixteen(&self, b: Kb<'c, '_>, w: Value<'c, '_>, dtype: DType, t: Tile<'c, '_>, six: &Sixteens<'c, '_>) {
+        let off = offset(dtype);
+        let n = q8_layouts::SIXTEEN;
+        let (rows, cols, _) = t.start(b, 1, 0);
+        let o = b.divui(t.r0, b.idx(n));
+        let inits: Vec<Value> = cols.iter().map(|_| b.f32_splat(0.0, n)).collect();
+        let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, 1, |b, blk, acc| {
+            let zero = b.idx(0);
+            let per_row = |mem| b.load_f32(mem, &[o, blk, zero], n);
+            let chunks: Vec<Value> = (0..GROUP / 4)
+                .map(|k| b.vbitcast(b.load_vec(six.q, &[o, blk, b.idx(k), zero], n, "i32"), "vector<64xi8>"))
+                .collect();
+            for (c, &col) in cols.iter().enumerate() {
+                let codes = b.vbitcast(CodeBlock::new(b, w, dtype, col, blk).codes(0), "vector<8xi32>");
+                let sums = chunks
+                    .iter()
+                    .enumerate()
+                    .fold(b.int_splat(0, n, "i32"), |sum, (k, &q)| {
+                        let spread = b.vbitcast(b.shuffle_any(codes, codes, &[k; 16]), "vector<64xi8>");
+                        b.dot_u8_i8(sum, spread, q)
+                    });
+                let scale = b.mulf(
+                    b.load_f16_splat(w, &[col, b.muli(blk, b.idx(dtype.block_bytes()))], n),
+                    per_row(six.d),
+                );
+                let min = || {
+                    let h = half(b, w, dtype, col, blk, 2);
+                    (b.extf(b.shuffle_any(h, h, &[0; 16])), per_row(six.s))
+                };
+                acc[c] = block_step(b, off, b.sitofp(sums), per_row(six.sums), scale, min, acc[c]);
             }
         });
         for (c, &col) in cols.iter().enumerate() {
