@@ -208,6 +208,9 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn ori(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("arith.ori", &[a, b], a.r#type(), &[])
     }
+    pub fn xori(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
+        self.op1("arith.xori", &[a, b], a.r#type(), &[])
+    }
     /// Logical (zero-filling) right shift.
     pub fn shrui(&self, a: Value<'c, '_>, b: Value<'c, '_>) -> Value<'c, 'a> {
         self.op1("arith.shrui", &[a, b], a.r#type(), &[])

@@ -307,7 +307,8 @@ fn q8_paired_k_quant_sums_hold_the_largest_codes() {
 
 /// Prefill tiles of sixteen rows (`q8_layouts::Sixteens`: 512-bit `vpdpbusd` over the rows'
 /// 4-code chunks, on AVX512-VNNI hosts) compute what one-row decode does, bit for bit, for
-/// every format they take; 40 rows run two sixteens, then an octet. Where the host has
+/// every format they take (q8_0's signed codes against the rows' `q + 128`); 40 rows run two
+/// sixteens, then an octet. Where the host has
 /// AVX512-VNNI the kernel must contain the 512-bit `vpdpbusd` (so the check covers that
 /// path); elsewhere the same rows run octets and one-row code, checked the same way.
 #[test]
@@ -315,7 +316,7 @@ fn q8_sixteens_equal_one_row_decode() {
     let (n, k, rows) = (7, 512, 40);
     let lanes = *widths().first().expect("a vector width");
     let opts = options(lanes);
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
         let (prefill, decode) = (
             matmul(dtype, n, k, false, false, rows),
             matmul(dtype, n, k, false, false, 1),

@@ -42,10 +42,9 @@ pub(super) fn in_pairs(dtype: DType) -> bool {
 }
 
 /// Whether full sixteens of rows over `dtype` take 512-bit `vpdpbusd` steps
-/// ([`q8_layouts::Sixteens`], with AVX512-VNNI): the formats of unsigned codes, not q8_0
-/// (whose signed codes `vpdpbusd` cannot take, and AVX-512 has no `vpsignb`).
+/// ([`q8_layouts::Sixteens`], with AVX512-VNNI): every 32-element format.
 pub(in crate::emit) fn in_sixteens(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+    exact_blocks(dtype)
 }
 
 /// A block's offset: q4_0's and q5_0's codes are `c - off`, q4_1's and q5_1's values have a
@@ -188,6 +187,32 @@ fn block_step<'c, 'a>(
         }
         Offset::None => b.fma(f, scale, acc),
     }
+}
+
+/// One weight block's exact sums `Σ c·q` with the 16 rows of a sixteen (`vector<16xi32>`):
+/// for each chunk `k`, the block's 4 codes repeated in every lane meet the rows' `chunks[k]`
+/// in a 512-bit `vpdpbusd`. q8_0's codes are signed, so they are its signed operand and
+/// `chunks` hold the rows' `q + 128`; `128 · Σc` then comes off exactly, each sum starting at
+/// `-128 · Σc` (codes and rows at most 127 in magnitude, sums far inside i32).
+fn sixteen_sums<'c, 'a>(b: Kb<'c, 'a>, dtype: DType, codes: Value<'c, 'a>, chunks: &[Value<'c, 'a>]) -> Value<'c, 'a> {
+    let n = q8_layouts::SIXTEEN;
+    let signed = dtype == DType::Q8_0;
+    let start = if signed {
+        let ones = b.int_splat(1, GROUP, "i8");
+        let total = b.reduce_add_int(b.dot_u8_i8(b.int_splat(0, 8, "i32"), ones, codes));
+        b.splat_scalar(b.muli(total, b.i32c(-128)), n)
+    } else {
+        b.int_splat(0, n, "i32")
+    };
+    let words = b.vbitcast(codes, "vector<8xi32>");
+    chunks.iter().enumerate().fold(start, |sum, (k, &q)| {
+        let spread = b.vbitcast(b.shuffle_any(words, words, &[k; 16]), "vector<64xi8>");
+        if signed {
+            b.dot_u8_i8(sum, q, spread)
+        } else {
+            b.dot_u8_i8(sum, spread, q)
+        }
+    })
 }
 
 /// Up to 4 weight rows' sums over a pair of blocks (`codes`: each row's
@@ -497,18 +522,17 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let acc = self.q8_block_loop(b, w, dtype, &cols, t.end, &inits, 1, |b, blk, acc| {
             let zero = b.idx(0);
             let per_row = |mem| b.load_f32(mem, &[o, blk, zero], n);
+            // q8_0's rows go in as `vpdpbusd`'s unsigned operand, `q + 128` ([`sixteen_sums`]).
+            let flip = (dtype == DType::Q8_0).then(|| b.int_splat(-128, 64, "i8"));
             let chunks: Vec<Value> = (0..GROUP / 4)
-                .map(|k| b.vbitcast(b.load_vec(six.q, &[o, blk, b.idx(k), zero], n, "i32"), "vector<64xi8>"))
+                .map(|k| {
+                    let q = b.vbitcast(b.load_vec(six.q, &[o, blk, b.idx(k), zero], n, "i32"), "vector<64xi8>");
+                    flip.map_or(q, |f| b.xori(q, f))
+                })
                 .collect();
             for (c, &col) in cols.iter().enumerate() {
-                let codes = b.vbitcast(CodeBlock::new(b, w, dtype, col, blk).codes(0), "vector<8xi32>");
-                let sums = chunks
-                    .iter()
-                    .enumerate()
-                    .fold(b.int_splat(0, n, "i32"), |sum, (k, &q)| {
-                        let spread = b.vbitcast(b.shuffle_any(codes, codes, &[k; 16]), "vector<64xi8>");
-                        b.dot_u8_i8(sum, spread, q)
-                    });
+                let codes = CodeBlock::new(b, w, dtype, col, blk).codes(0);
+                let sums = sixteen_sums(b, dtype, codes, &chunks);
                 let scale = b.mulf(
                     b.load_f16_splat(w, &[col, b.muli(blk, b.idx(dtype.block_bytes()))], n),
                     per_row(six.d),
