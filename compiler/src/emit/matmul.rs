@@ -117,11 +117,11 @@ pub(super) fn with_layouts<'c, 'a>(
     max_rows: usize,
 ) -> quant8::Acts<'c, 'a> {
     if acts.octets.is_none() && q8_blocks::exact_blocks(dtype) && max_rows >= super::q8_layouts::ROWS {
-        acts.octets = Some(super::q8_layouts::Octets::build(b, d, &acts, k, max_rows));
+        acts.octets = Some(super::q8_layouts::RowGroups::octets(b, d, &acts, k, max_rows));
     }
     let sixteen = super::q8_layouts::SIXTEEN;
     if acts.sixteens.is_none() && acts.vnni512 && q8_blocks::in_sixteens(dtype) && max_rows >= sixteen {
-        acts.sixteens = Some(super::q8_layouts::Sixteens::build(b, d, &acts, k, max_rows));
+        acts.sixteens = Some(super::q8_layouts::RowGroups::sixteens(b, d, &acts, k, max_rows));
     }
     if acts.pairs.is_none() && q8_blocks::in_pairs(dtype) && k.is_multiple_of(2 * quant8::GROUP) {
         acts.pairs = Some(super::q8_layouts::pairs(b, d, &acts, k, max_rows));

@@ -26,62 +26,102 @@ use melior::ir::Value;
 /// Activation rows in an octet.
 pub const ROWS: usize = 8;
 
-/// A call's full octets of rows (rows `8o .. 8o + 8`), built from [`Acts`] once per call.
+/// A call's rows rearranged in full groups of `rows` (8 for octets, 16 for sixteens; the
+/// module's note), built from [`Acts`] once per call, with each group's per-row scalars as
+/// one vector.
 #[derive(Clone, Copy)]
-pub struct Octets<'c, 'a> {
-    /// `memref<O x k/32 x 8 x 32 x i8>`: vector `4h + k` of octet `o`, group `g` is quad `h`'s
-    /// chunks `k` and `k + 4` (the module's note).
+pub struct RowGroups<'c, 'a> {
+    /// Octets: `memref<O x k/32 x 8 x 32 x i8>`, vector `4h + k` of octet `o`, group `g` is
+    /// quad `h`'s chunks `k` and `k + 4`. Sixteens: `memref<O x k/32 x 8 x 16 x i32>`, vector
+    /// `k` is the rows' chunk `k` (codes `4k .. 4k + 4` of the group), one row per lane.
     pub q: Value<'c, 'a>,
-    /// `memref<O x k/32 x 8 x f32>`: the eight rows' group scales `d`.
+    /// `memref<O x k/32 x R x f32>`: the rows' group scales `d`.
     pub d: Value<'c, 'a>,
-    /// `memref<O x k/32 x 8 x f32>`: the eight rows' `d · Σq` ([`Acts::s32`]).
+    /// `memref<O x k/32 x R x f32>`: the rows' `d · Σq` ([`Acts::s32`]).
     pub s: Value<'c, 'a>,
-    /// `memref<O x k/32 x 8 x f32>`: the eight rows' `Σq` ([`Acts::sums`]).
+    /// `memref<O x k/32 x R x f32>`: the rows' `Σq` ([`Acts::sums`]).
     pub sums: Value<'c, 'a>,
 }
+
+/// Rows in octets (8 per group).
+pub type Octets<'c, 'a> = RowGroups<'c, 'a>;
+
+/// Rows in sixteens (16 per group, for 512-bit `vpdpbusd`).
+pub type Sixteens<'c, 'a> = RowGroups<'c, 'a>;
 
 /// Activation rows in a [`Sixteens`] group.
 pub const SIXTEEN: usize = 16;
 
-/// A call's full sixteens of rows (rows `16o .. 16o + 16`), built from [`Acts`] once per call.
-#[derive(Clone, Copy)]
-pub struct Sixteens<'c, 'a> {
-    /// `memref<O x k/32 x 8 x 16 x i32>`: vector `k` of sixteen `o`, group `g` is the rows'
-    /// chunk `k` (codes `4k .. 4k + 4` of the group), one row per lane.
-    pub q: Value<'c, 'a>,
-    /// `memref<O x k/32 x 16 x f32>`: the rows' group scales `d`.
-    pub d: Value<'c, 'a>,
-    /// `memref<O x k/32 x 16 x f32>`: the rows' `d · Σq` ([`Acts::s32`]).
-    pub s: Value<'c, 'a>,
-    /// `memref<O x k/32 x 16 x f32>`: the rows' `Σq` ([`Acts::sums`]).
-    pub sums: Value<'c, 'a>,
-}
-
-impl<'c, 'a> Sixteens<'c, 'a> {
-    /// The sixteens of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
-    /// `k` elements; rows past the last full sixteen are left to octets and one-row code.
-    pub fn build(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
-        let (groups, count) = (k / GROUP, max_rows / SIXTEEN);
-        assert!(count > 0, "{max_rows} rows hold no sixteen");
-        let per_row = |elem: &str| acts.buffer(b, &format!("memref<{count}x{groups}x{SIXTEEN}x{elem}>"));
-        let chunks = GROUP / 4;
-        let six = Sixteens {
-            q: acts.buffer(b, &format!("memref<{count}x{groups}x{chunks}x{SIXTEEN}xi32>")),
+impl<'c, 'a> RowGroups<'c, 'a> {
+    /// Buffers for the full groups of `rows` among `max_rows` over `k` elements, the codes as
+    /// `q_elems` (the layout's innermost shape, e.g. `8x32xi8`); then `fill(b, o, g)` for every
+    /// full group `o` of the call's `d.rows` and activation group `g`.
+    fn build(
+        b: Kb<'c, 'a>,
+        d: Dyn<'c, '_>,
+        acts: &Acts<'c, '_>,
+        (k, max_rows, rows): (usize, usize, usize),
+        q_elems: &str,
+        fill: impl Fn(&Self, Kb<'c, '_>, Value<'c, '_>, Value<'c, '_>),
+    ) -> Self {
+        let (groups, count) = (k / GROUP, max_rows / rows);
+        assert!(count > 0, "{max_rows} rows hold no group of {rows}");
+        let per_row = |elem: &str| acts.buffer(b, &format!("memref<{count}x{groups}x{rows}x{elem}>"));
+        let o = RowGroups {
+            q: acts.buffer(b, &format!("memref<{count}x{groups}x{q_elems}>")),
             d: per_row("f32"),
             s: per_row("f32"),
             sums: per_row("f32"),
         };
-        let full = b.divui(d.rows, b.idx(SIXTEEN));
-        b.for_each(b.idx(0), full, b.idx(1), |b, o| {
-            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| six.fill(b, acts, o, g));
+        let full = b.divui(d.rows, b.idx(rows));
+        b.for_each(b.idx(0), full, b.idx(1), |b, oc| {
+            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| fill(&o, b, oc, g));
         });
-        six
+        o
+    }
+
+    /// The octets of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
+    /// `k` elements; rows past the last full octet are left to one-row code.
+    pub fn octets(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
+        let q = format!("{ROWS}x{GROUP}xi8");
+        Self::build(b, d, acts, (k, max_rows, ROWS), &q, |o, b, oc, g| {
+            o.fill_octet(b, acts, oc, g)
+        })
+    }
+
+    /// The sixteens of the call's rows, as [`Self::octets`]; rows past the last full sixteen
+    /// are left to octets and one-row code.
+    pub fn sixteens(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
+        let q = format!("{}x{SIXTEEN}xi32", GROUP / 4);
+        Self::build(b, d, acts, (k, max_rows, SIXTEEN), &q, |o, b, six, g| {
+            o.fill_sixteen(b, acts, six, g)
+        })
+    }
+
+    /// Group `o` of `rows.len()` rows, activation group `g`: the rows' scalars, each kind as one
+    /// vector.
+    fn fill_scalars(
+        &self,
+        b: Kb<'c, '_>,
+        acts: &Acts<'c, '_>,
+        rows: &[Value<'c, '_>],
+        o: Value<'c, '_>,
+        g: Value<'c, '_>,
+    ) {
+        let zero = b.idx(0);
+        for (from, to) in [(acts.d, self.d), (acts.s32, self.s), (acts.sums, self.sums)] {
+            let lanes: Vec<Value> = rows
+                .iter()
+                .map(|&r| b.broadcast(b.load_f32(from, &[r, g], 1), 1))
+                .collect();
+            b.store(join(b, &lanes), to, &[o, g, zero]);
+        }
     }
 
     /// Sixteen `o`, group `g`: each row's chunks stored to their lanes (a 16 x 8 transpose of
     /// 4-byte chunks, one store each: per call, against the `16 · k` products per weight row
     /// that read them), and the rows' scalars.
-    fn fill(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, o: Value<'c, '_>, g: Value<'c, '_>) {
+    fn fill_sixteen(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, o: Value<'c, '_>, g: Value<'c, '_>) {
         let r0 = b.muli(o, b.idx(SIXTEEN));
         let rows: Vec<Value> = (0..SIXTEEN).map(|i| b.addi(r0, b.idx(i))).collect();
         let k0 = b.muli(g, b.idx(GROUP));
@@ -91,14 +131,43 @@ impl<'c, 'a> Sixteens<'c, 'a> {
                 b.store(b.extract_lane(chunks, c), self.q, &[o, g, b.idx(c), b.idx(lane)]);
             }
         }
+        self.fill_scalars(b, acts, &rows, o, g);
+    }
+
+    /// Octet `oc`, group `g`: the quads' chunk vectors and the rows' scalars.
+    fn fill_octet(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, oc: Value<'c, '_>, g: Value<'c, '_>) {
+        let r0 = b.muli(oc, b.idx(ROWS));
+        let rows: Vec<Value> = (0..ROWS).map(|i| b.addi(r0, b.idx(i))).collect();
+        let k0 = b.muli(g, b.idx(GROUP));
         let zero = b.idx(0);
-        for (from, to) in [(acts.d, self.d), (acts.s32, self.s), (acts.sums, self.sums)] {
-            let lanes: Vec<Value> = rows
+        for h in 0..2 {
+            let quad: Vec<Value> = rows[4 * h..4 * h + 4]
                 .iter()
-                .map(|&r| b.broadcast(b.load_f32(from, &[r, g], 1), 1))
+                .map(|&r| b.vbitcast(b.load_bytes(acts.q, &[r, k0], GROUP), "vector<8xi32>"))
                 .collect();
-            b.store(join(b, &lanes), to, &[o, g, zero]);
+            // A 4 x 4 transpose of 4-byte chunks within each 128-bit half.
+            let lo01 = b.shuffle_any(quad[0], quad[1], &[0, 8, 1, 9, 4, 12, 5, 13]);
+            let lo23 = b.shuffle_any(quad[2], quad[3], &[0, 8, 1, 9, 4, 12, 5, 13]);
+            let hi01 = b.shuffle_any(quad[0], quad[1], &[2, 10, 3, 11, 6, 14, 7, 15]);
+            let hi23 = b.shuffle_any(quad[2], quad[3], &[2, 10, 3, 11, 6, 14, 7, 15]);
+            let even = [0, 1, 8, 9, 4, 5, 12, 13];
+            let odd = [2, 3, 10, 11, 6, 7, 14, 15];
+            let chunks = [
+                b.shuffle_any(lo01, lo23, &even),
+                b.shuffle_any(lo01, lo23, &odd),
+                b.shuffle_any(hi01, hi23, &even),
+                b.shuffle_any(hi01, hi23, &odd),
+            ];
+            for (c, v) in chunks.into_iter().enumerate() {
+                let at = b.idx(4 * h + c);
+                b.store(
+                    b.vbitcast(v, &format!("vector<{GROUP}xi8>")),
+                    self.q,
+                    &[oc, g, at, zero],
+                );
+            }
         }
+        self.fill_scalars(b, acts, &rows, oc, g);
     }
 }
 
@@ -166,67 +235,4 @@ fn rearranged<'c, 'a>(
         });
     });
     out
-}
-
-impl<'c, 'a> Octets<'c, 'a> {
-    /// The octets of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
-    /// `k` elements; rows past the last full octet are left to one-row code.
-    pub fn build(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
-        let (groups, octets) = (k / GROUP, max_rows / ROWS);
-        assert!(octets > 0, "{max_rows} rows hold no octet");
-        let per_row = |elem: &str| acts.buffer(b, &format!("memref<{octets}x{groups}x{ROWS}x{elem}>"));
-        let o = Octets {
-            q: acts.buffer(b, &format!("memref<{octets}x{groups}x{ROWS}x{GROUP}xi8>")),
-            d: per_row("f32"),
-            s: per_row("f32"),
-            sums: per_row("f32"),
-        };
-        let full = b.divui(d.rows, b.idx(ROWS));
-        b.for_each(b.idx(0), full, b.idx(1), |b, oc| {
-            b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| o.fill(b, acts, oc, g));
-        });
-        o
-    }
-
-    /// Octet `oc`, group `g`: the quads' chunk vectors and the rows' scalars.
-    fn fill(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, oc: Value<'c, '_>, g: Value<'c, '_>) {
-        let r0 = b.muli(oc, b.idx(ROWS));
-        let rows: Vec<Value> = (0..ROWS).map(|i| b.addi(r0, b.idx(i))).collect();
-        let k0 = b.muli(g, b.idx(GROUP));
-        let zero = b.idx(0);
-        for h in 0..2 {
-            let quad: Vec<Value> = rows[4 * h..4 * h + 4]
-                .iter()
-                .map(|&r| b.vbitcast(b.load_bytes(acts.q, &[r, k0], GROUP), "vector<8xi32>"))
-                .collect();
-            // A 4 x 4 transpose of 4-byte chunks within each 128-bit half.
-            let lo01 = b.shuffle_any(quad[0], quad[1], &[0, 8, 1, 9, 4, 12, 5, 13]);
-            let lo23 = b.shuffle_any(quad[2], quad[3], &[0, 8, 1, 9, 4, 12, 5, 13]);
-            let hi01 = b.shuffle_any(quad[0], quad[1], &[2, 10, 3, 11, 6, 14, 7, 15]);
-            let hi23 = b.shuffle_any(quad[2], quad[3], &[2, 10, 3, 11, 6, 14, 7, 15]);
-            let even = [0, 1, 8, 9, 4, 5, 12, 13];
-            let odd = [2, 3, 10, 11, 6, 7, 14, 15];
-            let chunks = [
-                b.shuffle_any(lo01, lo23, &even),
-                b.shuffle_any(lo01, lo23, &odd),
-                b.shuffle_any(hi01, hi23, &even),
-                b.shuffle_any(hi01, hi23, &odd),
-            ];
-            for (c, v) in chunks.into_iter().enumerate() {
-                let at = b.idx(4 * h + c);
-                b.store(
-                    b.vbitcast(v, &format!("vector<{GROUP}xi8>")),
-                    self.q,
-                    &[oc, g, at, zero],
-                );
-            }
-        }
-        for (from, to) in [(acts.d, self.d), (acts.s32, self.s), (acts.sums, self.sums)] {
-            let lanes: Vec<Value> = rows
-                .iter()
-                .map(|&r| b.broadcast(b.load_f32(from, &[r, g], 1), 1))
-                .collect();
-            b.store(join(b, &lanes), to, &[oc, g, zero]);
-        }
-    }
 }

@@ -85,8 +85,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
 }
 
 /// A k-quant's block: its groups' `Σ sc·c·q` summed in i32 for each activation row (whose
-/// codes share one scale over the block), then one `fma(Σ, D·d, acc)` per row. With
-/// AVX-512 (`wide`) two groups take one 512-bit step ([`wide_sums`]).
+/// codes share one scale over the block, [`block_sums`]), then one `fma(Σ, D·d, acc)` per row.
 fn super_block<'c, 'a>(
     b: Kb<'c, 'a>,
     block: &mut CodeBlock<'c, 'a, '_>,
@@ -97,62 +96,40 @@ fn super_block<'c, 'a>(
     acc: &mut [Value<'c, 'a>],
 ) {
     let first = b.muli(blk, b.idx(block.groups()));
-    let sums = if wide {
-        wide_sums(b, block, acts, rows, first)
-    } else {
-        group_sums(b, block, acts, rows, first)
-    };
+    let sums = block_sums(b, block, acts, rows, first, wide);
     let dtype = block.dtype();
     let sub_scales = (!quant8::has_min_terms(dtype)).then(|| block.sub_scales());
     finish_block(b, dtype, acts, rows, blk, &sums, sub_scales, block.super_scale(), acc);
 }
 
-/// The block's sums of [`super_block`] one group at a time: 32 codes against 32 activation
-/// codes in `vpmaddubsw`, the pair sums times the group's scales in `vpmaddwd` (8 i32 lanes).
-fn group_sums<'c, 'a>(
+/// The block's `Σ sc·c·q` per activation row (8 i32 lanes each): for each group, its 32 codes
+/// against 32 activation codes in `vpmaddubsw` and the pair sums times the group's scales in
+/// `vpmaddwd`. With AVX-512 (`wide`) two groups take one 512-bit step
+/// ([`CodeBlock::pair_codes_wide`], [`CodeBlock::pair_scale_wide`]: 16 i32 lanes) and the two
+/// 256-bit halves are added at the end. Lane `d` of either half holds the same four products,
+/// times the same scale, as lane `d` of a 256-bit group step, so the block's 8 lanes are the
+/// same integers and the outputs the same bits. Half the vector instructions per code of the
+/// 256-bit steps, which AVX-512 machines also ran (`quant_speed`, one thread, 2-core Zen 5,
+/// n = k = 2048, Gweights/s, 256-bit → 512-bit steps: q4_k 58 → 68, q5_k 48 → 60, q6_k 57 →
+/// 79, q2_k and q3_k 77 and 61 after).
+fn block_sums<'c, 'a>(
     b: Kb<'c, 'a>,
     block: &mut CodeBlock<'c, 'a, '_>,
     acts: &Acts<'c, '_>,
     rows: &[Value<'c, 'a>],
     first: Value<'c, 'a>,
+    wide: bool,
 ) -> Vec<Value<'c, 'a>> {
+    let per = if wide { 2 } else { 1 };
     let mut sums: Vec<Option<Value>> = vec![None; rows.len()];
-    for g in 0..block.groups() {
-        let codes = block.codes(g);
-        let scale = block.int_scale(g);
-        let k0 = b.muli(b.addi(first, b.idx(g)), b.idx(GROUP));
+    for c in 0..block.groups() / per {
+        let (codes, scale) = match wide {
+            true => (block.pair_codes_wide(c), block.pair_scale_wide(c)),
+            false => (block.codes(c), block.int_scale(c)),
+        };
+        let k0 = b.muli(b.addi(first, b.idx(per * c)), b.idx(GROUP));
         for (i, &r) in rows.iter().enumerate() {
-            let q = b.load_bytes(acts.q, &[r, k0], GROUP);
-            let dot = block.scaled_dot(codes, q, scale);
-            sums[i] = Some(sums[i].map_or(dot, |s| b.addi(s, dot)));
-        }
-    }
-    sums.into_iter().map(|s| s.expect("a block has groups")).collect()
-}
-
-/// The block's sums of [`super_block`] two groups at a time: 64 codes
-/// ([`CodeBlock::pair_codes_wide`]) against 64 activation codes in one 512-bit
-/// `vpmaddubsw`, their pair sums times the two groups' scales in one `vpmaddwd` (16 i32
-/// lanes), and the two 256-bit halves added at the end. Lane `d` of either half holds the
-/// same four products, times the same scale, as lane `d` of a 256-bit group step, so the
-/// block's 8 lanes are the same integers and the outputs the same bits. Half the vector
-/// instructions per code of the 256-bit steps, which AVX-512 machines also ran (`quant_speed`,
-/// one thread, 2-core Zen 5, n = k = 2048, Gweights/s, 256-bit → 512-bit steps: q4_k 58 → 68,
-/// q5_k 48 → 60, q6_k 57 → 79, q2_k and q3_k 77 and 61 after).
-fn wide_sums<'c, 'a>(
-    b: Kb<'c, 'a>,
-    block: &mut CodeBlock<'c, 'a, '_>,
-    acts: &Acts<'c, '_>,
-    rows: &[Value<'c, 'a>],
-    first: Value<'c, 'a>,
-) -> Vec<Value<'c, 'a>> {
-    let mut sums: Vec<Option<Value>> = vec![None; rows.len()];
-    for c in 0..block.groups() / 2 {
-        let codes = block.pair_codes_wide(c);
-        let scale = block.pair_scale_wide(c);
-        let k0 = b.muli(b.addi(first, b.idx(2 * c)), b.idx(GROUP));
-        for (i, &r) in rows.iter().enumerate() {
-            let q = b.load_bytes(acts.q, &[r, k0], 2 * GROUP);
+            let q = b.load_bytes(acts.q, &[r, k0], per * GROUP);
             let dot = b.madd_i16(b.madd_u8_i8(codes, q), scale);
             sums[i] = Some(sums[i].map_or(dot, |s| b.addi(s, dot)));
         }
@@ -160,7 +137,10 @@ fn wide_sums<'c, 'a>(
     sums.into_iter()
         .map(|s| {
             let s = s.expect("a block has groups");
-            b.addi(b.slice(s, 0, LANES), b.slice(s, LANES, LANES))
+            match wide {
+                true => b.addi(b.slice(s, 0, LANES), b.slice(s, LANES, LANES)),
+                false => s,
+            }
         })
         .collect()
 }

@@ -322,13 +322,6 @@ impl<'c, 'a, 'w> CodeBlock<'c, 'a, 'w> {
         self.reader.super_scale(8)
     }
 
-    /// A k-quant group's `Σ sc·c·q` as 8 i32 lanes: `vpmaddubsw` pairs (unsigned codes below
-    /// 64, so no saturation) times their sub-block scale in `vpmaddwd` (q3_k's signed).
-    pub fn scaled_dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>, scale: Value<'c, 'a>) -> Value<'c, 'a> {
-        let b = self.b;
-        b.madd_i16(b.madd_u8_i8(codes, q), scale)
-    }
-
     /// `Σ c·q` of group `g`'s codes and 32 activation codes, as 8 i32 lanes.
     pub fn dot(&self, codes: Value<'c, 'a>, q: Value<'c, '_>, vnni: bool) -> Value<'c, 'a> {
         let b = self.b;
