@@ -137,12 +137,16 @@ fn block_sums<'c, 'a>(
     sums.into_iter()
         .map(|s| {
             let s = s.expect("a block has groups");
-            match wide {
-                true => b.addi(b.slice(s, 0, LANES), b.slice(s, LANES, LANES)),
-                false => s,
-            }
+            if wide { fold_halves(b, s) } else { s }
         })
         .collect()
+}
+
+/// A 512-bit step's 16 i32 lanes as the 8 of a 256-bit one: its two halves added, lane `d` of
+/// either half holding the products lane `d` of a 256-bit step holds (the one-row code's group
+/// pairs, the staged tiles' slot pairs), so the block's sums are the same integers.
+pub(super) fn fold_halves<'c, 'a>(b: Kb<'c, 'a>, s: Value<'c, 'a>) -> Value<'c, 'a> {
+    b.addi(b.slice(s, 0, LANES), b.slice(s, LANES, LANES))
 }
 
 /// A k-quant block's float step for each activation row, shared by the one-row code and the

@@ -189,7 +189,5 @@ fn staged_sums<'c, 'a>(
     if !wide {
         return sums;
     }
-    sums.into_iter()
-        .map(|s| b.addi(b.slice(s, 0, LANES), b.slice(s, LANES, LANES)))
-        .collect()
+    sums.into_iter().map(|s| super::q8::fold_halves(b, s)).collect()
 }
