@@ -60,12 +60,17 @@ impl<'c, 'a> RowGroups<'c, 'a> {
         b: Kb<'c, 'a>,
         d: Dyn<'c, '_>,
         acts: &Acts<'c, '_>,
-        (k, max_rows, rows): (usize, usize, usize),
+        (k, max_rows, rows, partial): (usize, usize, usize, bool),
         q_elems: &str,
         fill: impl Fn(&Self, Kb<'c, '_>, Value<'c, '_>, Value<'c, '_>),
     ) -> Self {
-        let (groups, count) = (k / GROUP, max_rows / rows);
-        assert!(count > 0, "{max_rows} rows hold no group of {rows}");
+        let groups = k / GROUP;
+        let count = if partial {
+            max_rows.div_ceil(rows)
+        } else {
+            max_rows / rows
+        };
+        assert!(max_rows >= rows, "{max_rows} rows hold no group of {rows}");
         let per_row = |elem: &str| acts.buffer(b, &format!("memref<{count}x{groups}x{rows}x{elem}>"));
         let o = RowGroups {
             q: acts.buffer(b, &format!("memref<{count}x{groups}x{q_elems}>")),
@@ -73,19 +78,25 @@ impl<'c, 'a> RowGroups<'c, 'a> {
             s: per_row("f32"),
             sums: per_row("f32"),
         };
-        let full = b.divui(d.rows, b.idx(rows));
-        b.for_each(b.idx(0), full, b.idx(1), |b, oc| {
+        let filled = match partial {
+            true => b.divui(b.addi(d.rows, b.idx(rows - 1)), b.idx(rows)),
+            false => b.divui(d.rows, b.idx(rows)),
+        };
+        b.for_each(b.idx(0), filled, b.idx(1), |b, oc| {
             b.for_each(b.idx(0), b.idx(groups), b.idx(1), |b, g| fill(&o, b, oc, g));
         });
         o
     }
 
     /// The octets of the call's rows (`d.rows` of at most `max_rows`) of `acts`, rounded over
-    /// `k` elements; rows past the last full octet are left to one-row code.
+    /// `k` elements, the last one partial where `d.rows` is no multiple of 8: its lanes past
+    /// the call's last row repeat that row, so the quad tiles of the rows left after the full
+    /// octets read the same layout (`matmul/q8_blocks.rs`) and never a row outside the call.
     pub fn octets(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
         let q = format!("{ROWS}x{GROUP}xi8");
-        Self::build(b, d, acts, (k, max_rows, ROWS), &q, |o, b, oc, g| {
-            o.fill_octet(b, acts, oc, g)
+        let last = b.subi(d.rows, b.idx(1));
+        Self::build(b, d, acts, (k, max_rows, ROWS, true), &q, |o, b, oc, g| {
+            o.fill_octet(b, acts, oc, g, last)
         })
     }
 
@@ -93,7 +104,7 @@ impl<'c, 'a> RowGroups<'c, 'a> {
     /// are left to octets and one-row code.
     pub fn sixteens(b: Kb<'c, 'a>, d: Dyn<'c, '_>, acts: &Acts<'c, '_>, k: usize, max_rows: usize) -> Self {
         let q = format!("{}x{SIXTEEN}xi32", GROUP / 4);
-        Self::build(b, d, acts, (k, max_rows, SIXTEEN), &q, |o, b, six, g| {
+        Self::build(b, d, acts, (k, max_rows, SIXTEEN, false), &q, |o, b, six, g| {
             o.fill_sixteen(b, acts, six, g)
         })
     }
@@ -134,10 +145,11 @@ impl<'c, 'a> RowGroups<'c, 'a> {
         self.fill_scalars(b, acts, &rows, o, g);
     }
 
-    /// Octet `oc`, group `g`: the quads' chunk vectors and the rows' scalars.
-    fn fill_octet(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, oc: Value<'c, '_>, g: Value<'c, '_>) {
+    /// Octet `oc`, group `g`: the quads' chunk vectors and the rows' scalars, rows past
+    /// `last` (the call's last row) read as `last`.
+    fn fill_octet(&self, b: Kb<'c, '_>, acts: &Acts<'c, '_>, oc: Value<'c, '_>, g: Value<'c, '_>, last: Value<'c, '_>) {
         let r0 = b.muli(oc, b.idx(ROWS));
-        let rows: Vec<Value> = (0..ROWS).map(|i| b.addi(r0, b.idx(i))).collect();
+        let rows: Vec<Value> = (0..ROWS).map(|i| b.minui(b.addi(r0, b.idx(i)), last)).collect();
         let k0 = b.muli(g, b.idx(GROUP));
         let zero = b.idx(0);
         for h in 0..2 {

@@ -345,3 +345,43 @@ fn q8_sixteens_equal_one_row_decode() {
         }
     }
 }
+
+/// The rows after a call's full octets (`q8_blocks.rs`, `q8_octet_rest`: quads of the partial
+/// octet, whose lanes past the call's last row repeat it) compute what one-row decode does,
+/// bit for bit, for every count of rows left (1 to 7, after none, one or more full octets or a
+/// sixteen), and leave the outputs of rows past the call's untouched; `max_rows` of 15 makes
+/// the partial octet the buffer's last, so a read past the call's rows would leave it.
+#[test]
+fn q8_rows_after_the_full_octets_equal_one_row_decode() {
+    let (n, k, max_rows) = (5, 256, 15);
+    for lanes in widths().into_iter().filter(|&l| l >= 8) {
+        let opts = options(lanes);
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
+            let (prefill, decode) = (
+                matmul(dtype, n, k, false, true, max_rows),
+                matmul(dtype, n, k, false, true, 1),
+            );
+            let lib = TestLib::build(&[prefill.clone(), decode.clone()], &opts, None);
+            let mut rng = Rng(0x0c7e + dtype as u64 + lanes as u64);
+            let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
+            let mut x = rng.vec(max_rows * k);
+            let y0 = rng.vec(max_rows * n);
+            for rows in [1, 3, 4, 5, 7, 9, 12, 13, 15] {
+                let mut y = y0.clone();
+                lib.call(&prefill, &[ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)], rows, 2);
+                for r in 0..rows {
+                    let mut xr = x[r * k..(r + 1) * k].to_vec();
+                    let mut yr = y0[r * n..(r + 1) * n].to_vec();
+                    lib.call(&decode, &[ptr(&mut xr), w.as_mut_ptr(), ptr(&mut yr)], 1, 2);
+                    let what = format!("{dtype} row {r} of {rows}, {lanes} lanes");
+                    assert_bits(&yr, &y[r * n..(r + 1) * n], &what);
+                }
+                assert_eq!(
+                    &y[rows * n..],
+                    &y0[rows * n..],
+                    "{dtype}, {rows} rows: rows past the call's untouched"
+                );
+            }
+        }
+    }
+}

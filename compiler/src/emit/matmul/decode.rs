@@ -469,18 +469,37 @@ impl<'c, 'a> MatMul<'c, 'a> {
             let several = b.cmpi(crate::ir::Cmp::Uge, d.rows, b.idx(super::q8_stage::STAGE_MIN_ROWS));
             b.if_then(several, |b| self.q8_stage_fill(b, w, dtype, col0, cols, end));
         }
+        // Over the 32-element formats in q8 mode, the rows after the full octets take the
+        // partial octet's quads ([`MatMul::q8_octet_rest`]).
+        let octet = crate::emit::q8_layouts::ROWS;
+        let octet_rest =
+            tile >= octet && self.q8.is_some_and(|a| a.octets.is_some()) && super::q8_blocks::exact_blocks(dtype);
         // Full tiles, then one tile of each smaller power of two the rest needs.
         let t = b.idx(tile);
         let mut done = b.muli(b.divui(d.rows, t), t);
         b.for_each(b.idx(0), done, t, |b, r0| run(b, r0, tile));
         let mut m = tile / 2;
-        while m >= 1 {
+        let smallest = if octet_rest { octet } else { 1 };
+        while m >= smallest {
             let left = b.subi(d.rows, done);
             let fits = b.cmpi(crate::ir::Cmp::Uge, left, b.idx(m));
             let r0 = done;
             b.if_then(fits, |b| run(b, r0, m));
             done = b.select(fits, b.addi(done, b.idx(m)), done);
             m /= 2;
+        }
+        if let (true, Some(acts)) = (octet_rest, self.q8) {
+            let left = b.cmpi(crate::ir::Cmp::Ult, done, d.rows);
+            b.if_then(left, |b| {
+                let tile = Tile {
+                    col0,
+                    ncols: cols,
+                    end,
+                    r0: done,
+                    m: octet,
+                };
+                self.q8_octet_rest(b, w, dtype, tile, &acts, d.rows)
+            });
         }
     }
 
