@@ -262,16 +262,24 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 }
 
 /// Weight rows a decode thread walks together when the step may have several activation rows
-/// (`max_rows > 1`) but has `rows`: one row walks as many as one-row decode does; several
+/// (`max_rows > 1`, `several_rows` is `Some(max_rows)` where it has several): one row walks as many as one-row decode does; several
 /// walk fewer quantised ones, so a tile of activation rows ([`decode_row_tile`]) fits beside
 /// them (each block is dequantised once per tile: with four weight rows and tiles of two
 /// activation rows, eight rows of the 135M Q4_1 demo decoded only 1.6x the tokens of one).
-pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: bool, q8: bool, quad: bool) -> usize {
+/// `q8`: whether the call is in q8 mode, and then whether it may take 512-bit `vpdpbusd`.
+pub(in crate::emit) fn decode_cols(
+    dtype: DType,
+    lanes: usize,
+    several_rows: Option<usize>,
+    q8: Option<bool>,
+    quad: bool,
+) -> usize {
     match (dtype.is_quantized(), several_rows) {
         (false, _) => decode_float_rows(lanes, quad),
-        (true, false) if q8 => super::q8::q8_cols(dtype, lanes),
-        (true, false) => decode_quant_rows(dtype, lanes),
-        (true, true) => {
+        (true, None) if q8.is_some() => super::q8::q8_cols(dtype, lanes),
+        (true, None) => decode_quant_rows(dtype, lanes),
+        (true, Some(max_rows)) if q8.is_some() => super::q8::q8_tile_cols(dtype, lanes, q8 == Some(true), max_rows),
+        (true, Some(_)) => {
             if lanes >= 16 {
                 2
             } else {
@@ -291,14 +299,14 @@ pub(in crate::emit) fn with_decode_cols<'c, F>(
     lanes: usize,
     n: usize,
     max_rows: usize,
-    q8: bool,
+    q8: Option<bool>,
     quad: bool,
     body: F,
 ) where
     F: for<'x> Fn(Kb<'c, 'x>, usize),
 {
-    let one = decode_cols(dtype, lanes, false, q8, quad).min(n);
-    let several = decode_cols(dtype, lanes, true, q8, quad).min(n);
+    let one = decode_cols(dtype, lanes, None, q8, quad).min(n);
+    let several = decode_cols(dtype, lanes, Some(max_rows), q8, quad).min(n);
     if max_rows == 1 || one == several {
         return body(b, one);
     }
@@ -393,7 +401,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         d: Dyn<'c, '_>,
         max_rows: usize,
     ) {
-        let (q8, quad) = (self.q8.is_some(), self.quad(dtype));
+        let (q8, quad) = (self.q8.map(|a| a.vnni512), self.quad(dtype));
         with_decode_cols(b, d, dtype, self.lanes, n, max_rows, q8, quad, |b, group| {
             decode_split(
                 b,
@@ -434,10 +442,13 @@ impl<'c, 'a> MatMul<'c, 'a> {
         // of `STAGE_MIN_ROWS` or more (`q8_stage.rs`); smaller tiles read the weights themselves.
         let staged = max_rows > 1 && self.q8.is_some_and(|a| a.stage.is_some()) && super::q8_stage::staged(dtype);
         let sixteens = self.q8.is_some_and(|a| a.sixteens.is_some()) && super::q8_blocks::in_sixteens(dtype);
+        let octets = self.q8.is_some_and(|a| a.octets.is_some()) && super::q8_blocks::exact_blocks(dtype);
         let tile = if staged && self.lanes >= 16 {
             super::q8_stage::WIDE_STAGED_TILE
         } else if sixteens {
             crate::emit::q8_layouts::SIXTEEN
+        } else if octets {
+            crate::emit::q8_layouts::ROWS
         } else {
             decode_row_tile(acc_cols, self.lanes)
         };
@@ -472,8 +483,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         // Over the 32-element formats in q8 mode, the rows after the full octets take the
         // partial octet's quads ([`MatMul::q8_octet_rest`]).
         let octet = crate::emit::q8_layouts::ROWS;
-        let octet_rest =
-            tile >= octet && self.q8.is_some_and(|a| a.octets.is_some()) && super::q8_blocks::exact_blocks(dtype);
+        let octet_rest = tile >= octet && octets;
         // Full tiles, then one tile of each smaller power of two the rest needs.
         let t = b.idx(tile);
         let mut done = b.muli(b.divui(d.rows, t), t);

@@ -28,6 +28,37 @@ pub(super) fn q8_cols(dtype: DType, lanes: usize) -> usize {
     }
 }
 
+/// Weight rows a tile of several activation rows takes at once (each activation vector it
+/// loads meets that many weight rows): with AVX-512 four, against the sixteens' 16 rows
+/// (512-bit `vpdpbusd`) and the staged k-quant tiles' 4 rows; with AVX2 two against the
+/// staged 4-row tiles, one against the octets' 8 rows (16 registers), and two against octets
+/// with AVX-512 but no VNNI. Measured with `quant_speed` (one thread, 2-core Zen 5, n 2048, k
+/// 2048 / 5632, 64 rows, GFLOP/s), native code 2 → 4 weight rows: q8_0 435 → 494 / 441 →
+/// 501, q4_0 462 → 504 / 465 → 509, q5_1 322 → 363 / 322 → 361, q2_k 334 → 346 / 296 → 343,
+/// q4_k 361 → 378 / 335 → 331; x86-64-v3 code, staged tiles of 8 rows × 1 → 4 rows × 2: q4_k
+/// 213 → 254 / 191 → 252, q5_k 210 → 256 / 184 → 250, q6_k 207 → 253 / 187 → 240. With one
+/// weight row per tile every activation row of the call came from L2 again for each weight
+/// row, a byte per multiply-add. Batched decode kernels (`max_rows` up to
+/// [`kiln_core::kernel::DECODE_ROWS`]) keep two and one, each activation row's vectors in L1
+/// anyway and the stage of four weight rows not (TinyLlama Q4_K_M, 4 sequences, native code:
+/// 187 tok/s with two, 171 with four).
+pub(super) fn q8_tile_cols(dtype: DType, lanes: usize, vnni512: bool, max_rows: usize) -> usize {
+    if let Some(c) = super::exp_var("KILN_EXP_TILECOLS") {
+        return c;
+    }
+    let wide = lanes >= 16;
+    if max_rows <= kiln_core::kernel::DECODE_ROWS {
+        return if wide { 2 } else { 1 };
+    }
+    match (super::q8_blocks::exact_blocks(dtype), wide) {
+        (true, true) if vnni512 => 4,
+        (true, true) => 2,
+        (true, false) => 1,
+        (false, true) => 4,
+        (false, false) => 2,
+    }
+}
+
 /// Blocks per loop step: enough that a step reads a cache line of each weight row (one
 /// prefetch per line instead of several per line for the 18- to 34-byte blocks).
 pub(super) fn blocks_per_step(dtype: DType, blocks: usize) -> usize {

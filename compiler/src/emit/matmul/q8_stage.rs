@@ -32,7 +32,8 @@ pub(super) const STAGE_MIN_ROWS: usize = 4;
 /// Activation rows per staged tile with AVX-512's 512-bit steps: 4, where the register file
 /// would allow 8 (`quant_speed`, one thread, 2-core Zen 5, n = k = 2048, 64 rows, GFLOP/s, 8
 /// → 4 rows: q4_k 330 → 341, q6_k 292 → 320, q3_k 295 → 324, q2_k 303 → 313). AVX2's
-/// 256-bit steps keep 8 (q4_k 211 → 201 with 4).
+/// 256-bit steps take 4 rows too, with two weight rows per tile in prefill
+/// (`q8::q8_tile_cols`; 8 rows by one weight row: q4_k 213 against 254).
 pub(super) const WIDE_STAGED_TILE: usize = 4;
 
 /// Whether calls of several rows over `dtype` stage their weight rows: the k-quants.

@@ -34,7 +34,7 @@ pub struct Stage<'c, 'a> {
 
 /// Weight rows a [`Stage`] holds: the most a decode thread walks together with several
 /// activation rows (`decode_cols`).
-pub const STAGE_COLS: usize = 2;
+pub const STAGE_COLS: usize = 4;
 
 impl<'c, 'a> Stage<'c, 'a> {
     /// Stack buffers for [`STAGE_COLS`] weight rows of `k` elements of a k-quant.
