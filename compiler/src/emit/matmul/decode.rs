@@ -447,8 +447,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
             super::q8_stage::WIDE_STAGED_TILE
         } else if sixteens {
             crate::emit::q8_layouts::SIXTEEN
-        } else if octets {
-            crate::emit::q8_layouts::ROWS
         } else {
             decode_row_tile(acc_cols, self.lanes)
         };
@@ -481,7 +479,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
             b.if_then(several, |b| self.q8_stage_fill(b, w, dtype, col0, cols, end));
         }
         // Over the 32-element formats in q8 mode, the rows after the full octets take the
-        // partial octet's quads ([`MatMul::q8_octet_rest`]).
+        // partial octet's quads ([`MatMul::q8_octet_rest`]), but one row alone takes the
+        // one-row code: a quad does four rows' work, and with the one-row step's weight rows
+        // in the lanes (a call of one row) that code is decode's.
         let octet = crate::emit::q8_layouts::ROWS;
         let octet_rest = tile >= octet && octets;
         // Full tiles, then one tile of each smaller power of two the rest needs.
@@ -499,8 +499,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
             m /= 2;
         }
         if let (true, Some(acts)) = (octet_rest, self.q8) {
-            let left = b.cmpi(crate::ir::Cmp::Ult, done, d.rows);
-            b.if_then(left, |b| {
+            let one = b.cmpi(crate::ir::Cmp::Eq, b.addi(done, b.idx(1)), d.rows);
+            b.if_then(one, |b| run(b, done, 1));
+            let several = b.cmpi(crate::ir::Cmp::Ult, b.addi(done, b.idx(1)), d.rows);
+            b.if_then(several, |b| {
                 let tile = Tile {
                     col0,
                     ncols: cols,

@@ -479,7 +479,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
         self.q8_quads(b, w, dtype, t, acts, oct, 0..2, None);
     }
 
-    /// The rows left after a call's full octets (fewer than 8, from `t.r0`, a multiple of 8,
+    /// The rows left after a call's full octets (2 to 7, from `t.r0`, a multiple of 8,
     /// up to the call's `rows`), from its partial octet ([`Octets::octets`]): a quad tile for
     /// rows `r0 .. r0 + 4` and, where rows remain, one for `r0 + 4 .. r0 + 8`, each storing
     /// only the outputs of the call's rows. Each row takes the octet's operations (so the
