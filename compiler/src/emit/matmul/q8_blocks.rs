@@ -351,7 +351,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
     ) {
         match (acts.sixteens, acts.octets) {
             (Some(six), _) if t.m == q8_layouts::SIXTEEN => self.q8_sixteen(b, w, dtype, t, &six),
-            (_, Some(oct)) if t.m == q8_layouts::ROWS => self.q8_octet(b, w, dtype, t, acts, &oct),
+            (_, Some(oct)) if t.m == q8_layouts::ROWS => self.q8_quads(b, w, dtype, t, acts, &oct, 0..2, None),
             _ => self.q8_lanes(b, w, dtype, t, acts),
         }
     }
@@ -463,22 +463,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
         }
     }
 
-    /// A full octet of activation rows (`t.r0` a multiple of 8): per weight row and block,
-    /// its codes with each chunk spread over a vector's lanes meet the octet's chunk vectors
-    /// (the sums of each quad stay in i16: at most `4 · 2 · 31 · 127`), and the two quads'
-    /// sums come out as one vector of the 8 rows' block sums.
-    fn q8_octet(
-        &self,
-        b: Kb<'c, '_>,
-        w: Value<'c, '_>,
-        dtype: DType,
-        t: Tile<'c, '_>,
-        acts: &Acts<'c, '_>,
-        oct: &Octets<'c, '_>,
-    ) {
-        self.q8_quads(b, w, dtype, t, acts, oct, 0..2, None);
-    }
-
     /// The rows left after a call's full octets (2 to 7, from `t.r0`, a multiple of 8,
     /// up to the call's `rows`), from its partial octet ([`Octets::octets`]): a quad tile for
     /// rows `r0 .. r0 + 4` and, where rows remain, one for `r0 + 4 .. r0 + 8`, each storing
@@ -502,8 +486,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
         b.if_then(second, |b| self.q8_quads(b, w, dtype, t, acts, &oct, 1..2, Some(rows)));
     }
 
-    /// Quads `quads` (one or both) of the octet at `t.r0`: one lane per activation row of
-    /// them, outputs stored for rows below `limit` where given.
+    /// Quads `quads` of the octet at `t.r0` (a multiple of 8; both quads: a full octet): per
+    /// weight row and block, its codes with each chunk spread over a vector's lanes meet the
+    /// quads' chunk vectors (the sums of each quad stay in i16: at most `4 · 2 · 31 · 127`),
+    /// and the quads' sums come out as one vector of their rows' block sums, one lane per
+    /// row; outputs stored for rows below `limit` where given.
     #[allow(clippy::too_many_arguments)]
     fn q8_quads(
         &self,
