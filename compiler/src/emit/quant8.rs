@@ -41,7 +41,9 @@ mod code_block;
 mod kquant;
 
 pub use code_block::CodeBlock;
-pub use kquant::{STAGE_COLS, Stage, has_min_terms, int_offsets, offset_terms, word_pair_codes, word_pair_masks};
+pub use kquant::{
+    STAGE_COLS, Stage, has_min_terms, int_offsets, int_offsets_of, offset_terms, word_pair_codes, word_pair_masks,
+};
 
 use super::Dyn;
 use crate::ir::Kb;

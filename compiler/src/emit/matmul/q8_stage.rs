@@ -97,6 +97,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// per block and weight row, the offset terms, the block's integer sums
     /// ([`staged_sums`]), then one `fma(Σ, D·d, acc)` per activation row, as `q8.rs` does.
     pub(super) fn q8_staged_rows(&self, b: Kb<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        let wide = self.lanes >= 16;
+        if wide && t.m.is_multiple_of(2) {
+            return self.q8_staged_pairs(b, dtype, t, acts);
+        }
         let stage = acts.stage.expect("a staged call");
         let groups = dtype.block_elems() / GROUP;
         let blocks = self.k / dtype.block_elems();
@@ -116,7 +120,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         col_acc[i] = quant8::offset_terms(b, dtype, factors, col_acc[i], acts, r, blk);
                     }
                 }
-                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first, self.lanes >= 16);
+                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first, wide);
+                let sums: Vec<Value> = match wide {
+                    true => sums.into_iter().map(|s| super::q8::fold_halves(b, s)).collect(),
+                    false => sums,
+                };
                 let sub_scales =
                     (!quant8::has_min_terms(dtype)).then(|| b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16"));
                 let big_d = b.load_f32(stage.big_d, &[at, blk, zero], LANES);
@@ -139,7 +147,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
 /// With AVX-512 (`wide`) a slot pair's 64 codes take one 512-bit `vpmaddubsw` and the pair
 /// scales, in both halves, one `vpmaddwd` (16 i32 lanes), where 256-bit steps add the two
 /// slots' pair sums in i16 first: two multiplies per 64 codes and row instead of three and an
-/// add. The halves are added per block, leaving each i32 lane the same integer.
+/// add. Those 16 lanes are returned as they are; the caller adds the halves per block
+/// ([`super::q8::fold_halves`], [`fold_pair`]), leaving each i32 lane the same integer.
 #[allow(clippy::too_many_arguments)]
 fn staged_sums<'c, 'a>(
     b: Kb<'c, 'a>,
@@ -156,7 +165,7 @@ fn staged_sums<'c, 'a>(
     let lanes = if wide { 2 * LANES } else { LANES };
     let inits: Vec<Value> = rows.iter().map(|_| b.int_splat(0, lanes, "i32")).collect();
     let bound = b.opaque_index(b.idx(pairs));
-    let sums = b.for_range(b.idx(0), bound, b.idx(1), &inits, |b, s, sums| {
+    b.for_range(b.idx(0), bound, b.idx(1), &inits, |b, s, sums| {
         let zero = b.idx(0);
         let slot = b.addi(first, b.muli(s, b.idx(2)));
         let next = b.addi(slot, b.idx(1));
@@ -186,9 +195,115 @@ fn staged_sums<'c, 'a>(
                 b.addi(sum, b.madd_i16(p, scale))
             })
             .collect()
-    });
-    if !wide {
-        return sums;
+    })
+}
+
+/// Two rows' 8-lane vectors side by side in one 16-lane vector: `[x | y]`.
+fn pair<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>, y: Value<'c, 'a>) -> Value<'c, 'a> {
+    let n = crate::ir::lanes_of(x);
+    b.shuffle_any(x, y, &(0..2 * n).collect::<Vec<_>>())
+}
+
+/// A vector twice, side by side.
+fn twice<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>) -> Value<'c, 'a> {
+    pair(b, x, x)
+}
+
+/// Two rows' 16-lane block sums (512-bit slot-pair steps) folded into one vector:
+/// `[lo(x) + hi(x) | lo(y) + hi(y)]`, each lane the integer [`super::q8::fold_halves`] leaves
+/// in it for its own row.
+fn fold_pair<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>, y: Value<'c, 'a>) -> Value<'c, 'a> {
+    let lo: Vec<usize> = (0..LANES).chain(2 * LANES..3 * LANES).collect();
+    let hi: Vec<usize> = (LANES..2 * LANES).chain(3 * LANES..4 * LANES).collect();
+    b.addi(b.shuffle_any(x, y, &lo), b.shuffle_any(x, y, &hi))
+}
+
+/// What a pair of activation rows `(a, b)` brings to every weight row's float step of block
+/// `blk`, each as `[row a | row b]`: their scales `d` (8 lanes each) and their offset terms'
+/// activation sums (`s32` for q4_k and q5_k; `s16`'s halves for q2_k; `bsums16` for q3_k and
+/// q6_k, 16 i16 each).
+struct RowPair<'c, 'a> {
+    d: Value<'c, 'a>,
+    terms: Vec<Value<'c, 'a>>,
+}
+
+impl<'c, 'a> RowPair<'c, 'a> {
+    fn load(b: Kb<'c, 'a>, dtype: DType, acts: &Acts<'c, '_>, rows: [Value<'c, 'a>; 2], blk: Value<'c, 'a>) -> Self {
+        let first = b.muli(blk, b.idx(dtype.block_elems() / GROUP));
+        let per_row = |r: Value<'c, 'a>| b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES);
+        let d = pair(b, per_row(rows[0]), per_row(rows[1]));
+        let both = |f: &dyn Fn(Value<'c, 'a>) -> Value<'c, 'a>| pair(b, f(rows[0]), f(rows[1]));
+        let terms = match dtype {
+            DType::Q4K | DType::Q5K => vec![both(&|r| b.load_f32(acts.s32, &[r, b.muli(blk, b.idx(8))], 8))],
+            DType::Q2K => {
+                let at = b.muli(blk, b.idx(16));
+                vec![
+                    both(&|r| b.load_f32(acts.s16, &[r, at], 8)),
+                    both(&|r| b.load_f32(acts.s16, &[r, b.addi(at, b.idx(8))], 8)),
+                ]
+            }
+            _ => vec![both(&|r| {
+                b.load_vec(acts.bsums16, &[r, b.muli(blk, b.idx(16))], 16, "i16")
+            })],
+        };
+        RowPair { d, terms }
     }
-    sums.into_iter().map(|s| super::q8::fold_halves(b, s)).collect()
+}
+
+impl<'c, 'a> MatMul<'c, 'a> {
+    /// [`Self::q8_staged_rows`] with AVX-512 and an even number of rows: each pair of rows'
+    /// float steps in one 16-lane vector per weight row (`[row a | row b]`), where each row
+    /// took 8-lane steps of its own; every lane takes the same operations in the same order
+    /// (the min terms, the halves of the block sums added, q3_k's and q6_k's integer offsets,
+    /// `D·d`, the FMA), so the same bits. Those steps were half of the tile's vector
+    /// instructions: per block, 4 slot-pair steps of 2 per row and weight row against 8 after
+    /// them (q6_k, 2-core Zen 5).
+    fn q8_staged_pairs(&self, b: Kb<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
+        let stage = acts.stage.expect("a staged call");
+        let groups = dtype.block_elems() / GROUP;
+        let blocks = self.k / dtype.block_elems();
+        let (rows, cols, _) = t.start(b, LANES, 0);
+        let (ncols, pairs) = (t.ncols, rows.len() / 2);
+        let inits: Vec<Value> = (0..pairs * ncols).map(|_| b.f32_splat(0.0, 2 * LANES)).collect();
+        let acc = b.for_range(b.idx(0), b.idx(blocks), b.idx(1), &inits, |b, blk, acc| {
+            let mut acc = acc;
+            let zero = b.idx(0);
+            let first = b.muli(blk, b.idx(groups));
+            let row_pairs: Vec<RowPair> = (0..pairs)
+                .map(|p| RowPair::load(b, dtype, acts, [rows[2 * p], rows[2 * p + 1]], blk))
+                .collect();
+            for c in 0..ncols {
+                let at = b.idx(c);
+                if quant8::has_min_terms(dtype) {
+                    let lanes = if dtype == DType::Q2K { 16 } else { 8 };
+                    let factors = b.load_f32(stage.offsets, &[at, blk, zero], lanes);
+                    for (p, rp) in row_pairs.iter().enumerate() {
+                        let a = &mut acc[p * ncols + c];
+                        for (h, &s) in rp.terms.iter().enumerate() {
+                            *a = b.fma(twice(b, b.slice(factors, h * LANES, LANES)), s, *a);
+                        }
+                    }
+                }
+                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first, true);
+                let sub_scales = (!quant8::has_min_terms(dtype))
+                    .then(|| twice(b, b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16")));
+                let big_d = twice(b, b.load_f32(stage.big_d, &[at, blk, zero], LANES));
+                for (p, rp) in row_pairs.iter().enumerate() {
+                    let mut sum = fold_pair(b, sums[2 * p], sums[2 * p + 1]);
+                    if let Some(scales) = sub_scales {
+                        sum = quant8::int_offsets_of(b, dtype, scales, sum, rp.terms[0]);
+                    }
+                    let dd = b.mulf(big_d, rp.d);
+                    let a = &mut acc[p * ncols + c];
+                    *a = b.fma(b.sitofp(sum), dd, *a);
+                }
+            }
+            acc
+        });
+        let per_row: Vec<Value> = (0..rows.len())
+            .flat_map(|i| (0..ncols).map(move |c| (i, c)))
+            .map(|(i, c)| b.slice(acc[(i / 2) * ncols + c], (i % 2) * LANES, LANES))
+            .collect();
+        self.finish_tile(b, &per_row, &rows, &cols);
+    }
 }

@@ -93,13 +93,26 @@ pub fn int_offsets<'c, 'a>(
     r: Value<'c, '_>,
     blk: Value<'c, '_>,
 ) -> Value<'c, 'a> {
+    let bsums = b.load_vec(acts.bsums16, &[r, b.muli(blk, b.idx(16))], 16, "i16");
+    int_offsets_of(b, dtype, scales, sums, bsums)
+}
+
+/// [`int_offsets`] from the rows' sums per 16 (`bsums`, i16), for any number of rows side by
+/// side (`scales` repeated for each): `sums - (Σ sc·bsum) << shift`, lane by lane.
+pub fn int_offsets_of<'c, 'a>(
+    b: Kb<'c, 'a>,
+    dtype: DType,
+    scales: Value<'c, '_>,
+    sums: Value<'c, '_>,
+    bsums: Value<'c, '_>,
+) -> Value<'c, 'a> {
     let shift = match dtype {
         DType::Q3K => 2,
         DType::Q6K => 5,
         other => unreachable!("{other}'s offsets are min terms"),
     };
-    let bsums = b.load_vec(acts.bsums16, &[r, b.muli(blk, b.idx(16))], 16, "i16");
-    let terms = b.shli(b.madd_i16(scales, bsums), b.int_splat(shift, 8, "i32"));
+    let lanes = crate::ir::lanes_of(sums);
+    let terms = b.shli(b.madd_i16(scales, bsums), b.int_splat(shift, lanes, "i32"));
     b.subi(sums, terms)
 }
 
