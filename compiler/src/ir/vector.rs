@@ -255,6 +255,10 @@ impl<'c, 'a> Kb<'c, 'a> {
     pub fn bitcast(&self, v: Value<'c, '_>, elem: &str) -> Value<'c, 'a> {
         self.op1("arith.bitcast", &[v], self.retyped(v, elem), &[])
     }
+    /// Two vectors of one type side by side, `[x | y]` (one `vector.shuffle`).
+    pub fn concat(&self, x: Value<'c, '_>, y: Value<'c, '_>) -> Value<'c, 'a> {
+        self.shuffle_any(x, y, &(0..2 * lanes_of(x)).collect::<Vec<_>>())
+    }
     /// `vector.shuffle` of vectors of any element type (see [`Kb::shuffle`]).
     pub fn shuffle_any(&self, a: Value<'c, '_>, b: Value<'c, '_>, mask: &[usize]) -> Value<'c, 'a> {
         let list: Vec<String> = mask.iter().map(|i| i.to_string()).collect();

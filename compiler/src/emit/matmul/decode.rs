@@ -262,8 +262,8 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 }
 
 /// Weight rows a decode thread walks together when the step may have several activation rows
-/// (`max_rows > 1`, `several_rows` is `Some(max_rows)` where it has several): one row walks as many as one-row decode does; several
-/// walk fewer quantised ones, so a tile of activation rows ([`decode_row_tile`]) fits beside
+/// (`max_rows > 1`; `several_rows` is `Some(max_rows)` where it has several): one row walks as
+/// many as one-row decode does; several walk fewer quantised ones, so a tile of activation rows ([`decode_row_tile`]) fits beside
 /// them (each block is dequantised once per tile: with four weight rows and tiles of two
 /// activation rows, eight rows of the 135M Q4_1 demo decoded only 1.6x the tokens of one).
 /// `q8`: whether the call is in q8 mode, and then whether it may take 512-bit `vpdpbusd`.

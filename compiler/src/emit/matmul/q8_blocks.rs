@@ -177,7 +177,7 @@ fn each_four<'c, 'a>(
 fn join_ints<'c, 'a>(b: Kb<'c, 'a>, parts: &[Value<'c, 'a>]) -> Value<'c, 'a> {
     match parts {
         [one] => *one,
-        [x, y] => b.shuffle_any(*x, *y, &(0..8).collect::<Vec<_>>()),
+        [x, y] => b.concat(*x, *y),
         _ => unreachable!("at most 8 weight rows per step"),
     }
 }
@@ -554,12 +554,25 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 acc[c] = block_step(b, off, b.sitofp(sums), per_row(oct.sums), scale, min, acc[c]);
             }
         });
+        let rows: Vec<Value> = (0..lanes).map(|i| b.addi(t.r0, b.idx(first_row + i))).collect();
+        self.finish_lanes(b, &acc, &rows, &cols, limit);
+    }
+
+    /// Stores each weight row's accumulator (`acc[c]`, one lane per activation row of `rows`),
+    /// for rows below `limit` where given.
+    fn finish_lanes(
+        &self,
+        b: Kb<'c, '_>,
+        acc: &[Value<'c, '_>],
+        rows: &[Value<'c, '_>],
+        cols: &[Value<'c, '_>],
+        limit: Option<Value<'c, '_>>,
+    ) {
         for (c, &col) in cols.iter().enumerate() {
-            for i in 0..lanes {
-                let row = b.addi(t.r0, b.idx(first_row + i));
+            for (i, &row) in rows.iter().enumerate() {
                 let store = |b: Kb<'c, '_>| self.finish(b, b.extract(acc[c], i), row, col);
                 match limit {
-                    Some(rows) => b.if_then(b.cmpi(crate::ir::Cmp::Ult, row, rows), store),
+                    Some(n) => b.if_then(b.cmpi(crate::ir::Cmp::Ult, row, n), store),
                     None => store(b),
                 }
             }
@@ -602,10 +615,6 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 acc[c] = block_step(b, off, b.sitofp(sums), per_row(six.sums), scale, min, acc[c]);
             }
         });
-        for (c, &col) in cols.iter().enumerate() {
-            for (i, &row) in rows.iter().enumerate() {
-                self.finish(b, b.extract(acc[c], i), row, col);
-            }
-        }
+        self.finish_lanes(b, &acc, &rows, &cols, None);
     }
 }

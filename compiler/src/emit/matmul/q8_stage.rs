@@ -97,8 +97,9 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// per block and weight row, the offset terms, the block's integer sums
     /// ([`staged_sums`]), then one `fma(Σ, D·d, acc)` per activation row, as `q8.rs` does.
     pub(super) fn q8_staged_rows(&self, b: Kb<'c, '_>, dtype: DType, t: Tile<'c, '_>, acts: &Acts<'c, '_>) {
-        let wide = self.lanes >= 16;
-        if wide && t.m.is_multiple_of(2) {
+        // AVX-512's staged tiles are WIDE_STAGED_TILE (4) rows: whole pairs.
+        if self.lanes >= 16 {
+            assert!(t.m.is_multiple_of(2), "a wide staged tile of {} rows", t.m);
             return self.q8_staged_pairs(b, dtype, t, acts);
         }
         let stage = acts.stage.expect("a staged call");
@@ -120,11 +121,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                         col_acc[i] = quant8::offset_terms(b, dtype, factors, col_acc[i], acts, r, blk);
                     }
                 }
-                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first, wide);
-                let sums: Vec<Value> = match wide {
-                    true => sums.into_iter().map(|s| super::q8::fold_halves(b, s)).collect(),
-                    false => sums,
-                };
+                let sums = staged_sums(b, dtype, stage, acts, &rows, at, first, false);
                 let sub_scales =
                     (!quant8::has_min_terms(dtype)).then(|| b.load_vec(stage.sub_scales, &[at, blk, zero], 16, "i16"));
                 let big_d = b.load_f32(stage.big_d, &[at, blk, zero], LANES);
@@ -148,7 +145,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
 /// scales, in both halves, one `vpmaddwd` (16 i32 lanes), where 256-bit steps add the two
 /// slots' pair sums in i16 first: two multiplies per 64 codes and row instead of three and an
 /// add. Those 16 lanes are returned as they are; the caller adds the halves per block
-/// ([`super::q8::fold_halves`], [`fold_pair`]), leaving each i32 lane the same integer.
+/// ([`fold_pair`]), leaving each i32 lane the integer [`super::q8::fold_halves`] would.
 #[allow(clippy::too_many_arguments)]
 fn staged_sums<'c, 'a>(
     b: Kb<'c, 'a>,
@@ -174,8 +171,7 @@ fn staged_sums<'c, 'a>(
         let scale = b.load_vec(stage.scales, &[at, b.addi(first, s), zero], 16, "i16");
         let (k0, k1) = (b.muli(slot, b.idx(GROUP)), b.muli(next, b.idx(GROUP)));
         if wide {
-            let codes = b.shuffle_any(low, high, &(0..2 * GROUP).collect::<Vec<_>>());
-            let scales = b.shuffle_any(scale, scale, &(0..16).chain(0..16).collect::<Vec<_>>());
+            let (codes, scales) = (b.concat(low, high), b.concat(scale, scale));
             return rows
                 .iter()
                 .zip(sums)
@@ -198,15 +194,9 @@ fn staged_sums<'c, 'a>(
     })
 }
 
-/// Two rows' 8-lane vectors side by side in one 16-lane vector: `[x | y]`.
-fn pair<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>, y: Value<'c, 'a>) -> Value<'c, 'a> {
-    let n = crate::ir::lanes_of(x);
-    b.shuffle_any(x, y, &(0..2 * n).collect::<Vec<_>>())
-}
-
-/// A vector twice, side by side.
+/// A weight row's vector for both rows of a pair: `[x | x]`.
 fn twice<'c, 'a>(b: Kb<'c, 'a>, x: Value<'c, 'a>) -> Value<'c, 'a> {
-    pair(b, x, x)
+    b.concat(x, x)
 }
 
 /// Two rows' 16-lane block sums (512-bit slot-pair steps) folded into one vector:
@@ -231,8 +221,8 @@ impl<'c, 'a> RowPair<'c, 'a> {
     fn load(b: Kb<'c, 'a>, dtype: DType, acts: &Acts<'c, '_>, rows: [Value<'c, 'a>; 2], blk: Value<'c, 'a>) -> Self {
         let first = b.muli(blk, b.idx(dtype.block_elems() / GROUP));
         let per_row = |r: Value<'c, 'a>| b.broadcast(b.load_f32(acts.d, &[r, first], 1), LANES);
-        let d = pair(b, per_row(rows[0]), per_row(rows[1]));
-        let both = |f: &dyn Fn(Value<'c, 'a>) -> Value<'c, 'a>| pair(b, f(rows[0]), f(rows[1]));
+        let d = b.concat(per_row(rows[0]), per_row(rows[1]));
+        let both = |f: &dyn Fn(Value<'c, 'a>) -> Value<'c, 'a>| b.concat(f(rows[0]), f(rows[1]));
         let terms = match dtype {
             DType::Q4K | DType::Q5K => vec![both(&|r| b.load_f32(acts.s32, &[r, b.muli(blk, b.idx(8))], 8))],
             DType::Q2K => {
