@@ -130,3 +130,85 @@ fn tiled_prefill_rows_equal_rows_attended_alone() {
         }
     }
 }
+
+/// Timing: one thread's share of a one-row decode step's attention (one KV head of two, its
+/// query heads against `KILN_ATT_POS + 1` keys), over `KILN_ATT_LAYERS` layers' caches in turn
+/// so the keys come from memory as in a model:
+/// `KILN_ATT_HEADS=14 KILN_ATT_DIM=64 KILN_ATT_POS=3999 cargo test -p kiln-compiler --release --
+/// --ignored attention_speed --nocapture`.
+#[test]
+#[ignore = "timing only: cargo test -p kiln-compiler --release -- --ignored attention_speed --nocapture"]
+fn attention_speed() {
+    let var = |name: &str, default: usize| -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    };
+    let (heads, kv_heads, hd) = (var("KILN_ATT_HEADS", 14), 2, var("KILN_ATT_DIM", 64));
+    let pos = var("KILN_ATT_POS", 3999);
+    let layers = var("KILN_ATT_LAYERS", 24);
+    let ctx = (pos + 1).next_multiple_of(64);
+    let kv = match std::env::var("KILN_ATT_KV").as_deref() {
+        Ok("f32") => DType::F32,
+        _ => DType::F16,
+    };
+    let kernel = Kernel::Attention {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        window: None,
+        scale: F32Bits::new(1.0 / (hd as f32).sqrt()),
+        softcap: None,
+        ctx,
+        max_rows: kiln_core::kernel::DECODE_ROWS,
+        kv,
+    };
+    let lanes = HostCpu::detect().f32_lanes();
+    let lib = TestLib::build(std::slice::from_ref(&kernel), &CompileOptions::new(64, lanes), None);
+    let mut rng = Rng(7);
+    let bytes = kv_heads * ctx * hd * kv.size();
+    let mut caches: Vec<(Vec<u8>, Vec<u8>)> = (0..layers)
+        .map(|_| {
+            let fill = |rng: &mut Rng| -> Vec<u8> {
+                let v = rng.vec(bytes / kv.size());
+                match kv {
+                    DType::F16 => v.iter().flat_map(|&x| f32_to_f16(x).to_le_bytes()).collect(),
+                    _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                }
+            };
+            (fill(&mut rng), fill(&mut rng))
+        })
+        .collect();
+    let mut q = rng.vec(heads * hd);
+    let mut out = vec![0f32; heads * hd];
+    let mut info = row_info(1, 0, pos, pos + 1);
+    let f = lib.get(&kernel);
+    let mut per_step = Vec::new();
+    for _ in 0..40 {
+        let t = std::time::Instant::now();
+        for (kc, vc) in &mut caches {
+            let mut work = [0u64; kiln_core::abi::WORK_COUNTER_BYTES / 8];
+            let p = super::slots(
+                &[
+                    ptr(&mut q),
+                    kc.as_mut_ptr(),
+                    vc.as_mut_ptr(),
+                    ptr(&mut out),
+                    ptr(&mut info),
+                ],
+                work.as_mut_ptr() as *mut u8,
+            );
+            // SAFETY: the buffers match the kernel's shapes; thread 0 of 2 writes its heads.
+            unsafe { kiln_core::abi::invoke(*f, p, 1, 0, kv_heads as i64) };
+        }
+        per_step.push(t.elapsed().as_secs_f64() / layers as f64);
+    }
+    per_step.sort_by(f64::total_cmp);
+    let flops = 4.0 * (heads / kv_heads * hd * (pos + 1)) as f64;
+    let (best, median) = (per_step[0], per_step[per_step.len() / 2]);
+    println!(
+        "attention h{heads} kv{kv_heads} d{hd} {kv}, {} keys, one thread's KV head per layer: best {:.1} us ({:.1} GFLOP/s), median {:.1} us",
+        pos + 1,
+        best * 1e6,
+        flops / best / 1e9,
+        median * 1e6
+    );
+}
