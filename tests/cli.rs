@@ -324,7 +324,10 @@ fn expect_error(model: &Path, cache: &Path, extra: &[&str], needles: &[&str]) {
 fn missing_and_malformed_config() {
     let cache = tempfile::tempdir().unwrap();
     let missing = tempfile::tempdir().unwrap().path().join("nope");
-    expect_error(&missing, cache.path(), &[], &["nope"]);
+    expect_error(&missing, cache.path(), &[], &["nope", "folder", "GGUF file"]);
+    // A mistyped GGUF path is told it names no GGUF file.
+    let gguf = tempfile::tempdir().unwrap().path().join("model-Q4_K_M.gguf");
+    expect_error(&gguf, cache.path(), &[], &["model-Q4_K_M.gguf", "expected a GGUF file"]);
 
     let m = copy_fixture("llama");
     std::fs::remove_file(m.path().join("config.json")).unwrap();

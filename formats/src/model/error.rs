@@ -10,8 +10,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// The path given to [`super::load`] does not exist.
-    #[error("{} does not exist (expected a Hugging Face model folder or its config.json)", path.display())]
+    /// The path given to [`super::load`] does not exist: a mistyped GGUF path is told it names
+    /// no GGUF file, not sent looking for a folder.
+    #[error("{} does not exist ({})", path.display(), expected_at(path))]
     NotFound { path: PathBuf },
 
     /// The path given to [`super::load`] exists but is neither a folder nor a regular file.
@@ -157,4 +158,14 @@ pub enum ModelError {
         found: String,
         expected: String,
     },
+}
+
+/// What a path that does not exist was expected to name, by its extension.
+fn expected_at(path: &std::path::Path) -> &'static str {
+    let gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if gguf {
+        "expected a GGUF file"
+    } else {
+        "expected a Hugging Face model folder, its config.json or a GGUF file"
+    }
 }

@@ -739,7 +739,19 @@ fn missing_config_and_missing_path() {
         )
     );
     let nowhere = dir.path().join("nowhere");
-    assert!(err(&nowhere).starts_with(&format!("{} does not exist", nowhere.display())));
+    assert_eq!(
+        err(&nowhere),
+        format!(
+            "{} does not exist (expected a Hugging Face model folder, its config.json or a GGUF file)",
+            nowhere.display()
+        )
+    );
+    // A mistyped GGUF path is told so, not pointed at folders.
+    let gguf = dir.path().join("model-Q4_K_M.GGUF");
+    assert_eq!(
+        err(&gguf),
+        format!("{} does not exist (expected a GGUF file)", gguf.display())
+    );
 }
 
 #[test]
