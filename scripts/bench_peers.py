@@ -4,7 +4,7 @@
     python3 scripts/bench_peers.py MODEL_DIR [--threads 2] [--prompt-tokens 148] [--gen-tokens 64]
                                    [--reps 5] [--rest 3] [--kiln target/release/kiln]
                                    [--quant Q4_K_M] [--avx2] [--kv-dtype f32|f16|bf16]
-                                   [--precision exact|bf16|q8] [--no-openvino]
+                                   [--precision exact|bf16|q8] [--no-openvino] [--no-phase-probe]
 
 Sets up from PyPI what it needs (`llama-cpp-python`'s bindings without their native build, `gguf`,
 and llama.cpp's sources and `convert_hf_to_gguf.py` from the llama-cpp-python source
@@ -23,7 +23,11 @@ precision (f32 for exact, bf16 for bf16) and KV cache type. Where it cannot run 
 says "OpenVINO: not run — <reason>" and the other two are measured all the same.
 
 Writes a Markdown table (date, CPU, threads, load average, medians, Kiln's ratios to each peer)
-to bench/results/ and prints it. A GGUF file can be given instead of a folder (then Kiln runs that
+to bench/results/ and prints it. Between every two runs it measures the read bandwidth
+(`kiln probe`, about a second): the machines this runs on move between a fast and a slow memory
+phase for minutes at a time (a 2-core Zen 5 EPYC: ~85 and ~50 GB/s), a bandwidth-bound decode
+follows the phase and llama.cpp's less so, so the table also gives each phase's decode ratio
+from the runs the probes before and after place in it. A GGUF file can be given instead of a folder (then Kiln runs that
 same file too). `--quant FTYPE` quantises that GGUF with llama.cpp's own quantiser first
 (`llama_model_quantize`, as `llama-quantize` does) and both engines read the quantised file.
 
@@ -315,6 +319,21 @@ def kiln_prompt_ids(kiln, model, n):
     return json.loads(r.stdout)
 
 
+def read_probe(kiln, threads):
+    """The machine's read bandwidth right now (GB/s at `threads` threads, best of 5 passes of
+    `kiln probe`, about a second), or None where it cannot be had. This machine kind moves
+    between a fast and a slow memory phase (on the 2-core Zen 5 EPYC ~85 and ~50 GB/s) for
+    minutes at a time; a probe taken just before each engine's run says which phase the run met.
+    Its own cache folder: the stored probe `kiln bench` judges against stays the user's."""
+    env = dict(os.environ, KILN_CACHE_DIR=str(WORK / "kiln-probe-cache"))
+    r = subprocess.run([kiln, "probe", "--json", "--passes", "5"], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        log(f"kiln probe failed (runs are reported without their phase): {r.stderr.strip()[-200:]}")
+        return None
+    points = [p for p in json.loads(r.stdout)["read_gb_s"] if p["threads"] <= threads]
+    return max(points, key=lambda p: p["threads"])["best"] if points else None
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="Hugging Face model folder (or a .gguf file)")
@@ -337,6 +356,9 @@ def parse_args():
                     help="compare the AVX2 code: Kiln --target-cpu x86-64-v3, llama.cpp built for AVX2 "
                          "(OpenVINO is not run)")
     ap.add_argument("--no-openvino", action="store_true", help="leave OpenVINO GenAI out")
+    ap.add_argument("--no-phase-probe", action="store_true",
+                    help="do not measure the read bandwidth before each run (a second each; the table then has no "
+                         "per-phase decode ratios)")
     return ap.parse_args()
 
 
@@ -354,13 +376,16 @@ def openvino_engine(args, model_dir):
     return None, reason
 
 
-def measure(engines, reps, rest):
+def measure(engines, reps, rest, probe=None):
     """Each repetition runs every engine once, one fresh process per run, the order rotated every
     repetition. An engine that raises NotRun (only OpenVINO does; the others exit) leaves the
-    comparison with its reason and without its earlier runs, and the others go on."""
+    comparison with its reason and without its earlier runs, and the others go on. With `probe`,
+    each run records the read bandwidth measured just before and just after it
+    (`probe_before_gb_s`, `probe_after_gb_s`: one probe between two runs serves both)."""
     results = {name: [] for name in engines}
     dropped = {}
     order = list(engines)
+    before = probe() if probe else None
     for rep in range(reps):
         for name in list(order):
             time.sleep(rest)
@@ -372,8 +397,13 @@ def measure(engines, reps, rest):
                 order.remove(name)
                 del results[name]
                 continue
+            after = probe() if probe else None
+            r["probe_before_gb_s"], r["probe_after_gb_s"] = before, after
             results[name].append(r)
-            log(f"rep {rep + 1}/{reps} {name:9}: prefill {r['prefill_tok_s']:7.1f} tok/s, decode {r['decode_tok_s']:6.2f} tok/s")
+            phase = f" (read {before:.1f} / {after:.1f} GB/s before / after)" if before and after else ""
+            before = after
+            log(f"rep {rep + 1}/{reps} {name:9}: prefill {r['prefill_tok_s']:7.1f} tok/s, decode {r['decode_tok_s']:6.2f} tok/s"
+                f"{phase}")
         order = order[1:] + order[:1]
     return results, dropped
 
@@ -454,6 +484,50 @@ def ceiling_lines(args, results, med):
     ]
 
 
+def phase_lines(results):
+    """Decode compared within each memory phase. A run is fast-phase when the read probes just
+    before and just after it both reached at least 80 % of the session's highest, slow-phase
+    when both stayed below, and left out where the phase changed around it; each phase's ratio
+    is of Kiln's median to each peer's over the runs of that phase, where both engines have
+    some. Engines whose decode is bandwidth-bound follow the phase and others do not, so a
+    ratio of medians over mixed phases says more about when the runs happened than about the
+    engines."""
+    def probes_of(r):
+        return [r.get("probe_before_gb_s"), r.get("probe_after_gb_s")]
+
+    probes = [p for rs in results.values() for r in rs for p in probes_of(r) if p]
+    if not probes or "kiln" not in results:
+        return []
+    cut = 0.8 * max(probes)
+
+    def phase(r):
+        ps = probes_of(r)
+        if not all(ps):
+            return None
+        return "fast" if min(ps) >= cut else "slow" if max(ps) < cut else None
+
+    def cell(r):
+        ps = probes_of(r)
+        around = " / ".join(f"{p:.0f}" if p else "—" for p in ps)
+        return f"{r['decode_tok_s']:.2f} ({around}{'' if phase(r) else ', mixed'})"
+
+    lines = ["Decode by memory phase (read probe before and after each run, GB/s; fast where both reach "
+             f"{cut:.1f}, 80 % of the session's highest {max(probes):.1f}, slow where both stay below):", ""]
+    lines += ["| engine | runs: decode tok/s (read before / after) |", "|---|---|"]
+    lines += [f"| {name} | {', '.join(cell(r) for r in rs)} |" for name, rs in results.items()]
+    lines.append("")
+    for which in ("fast", "slow"):
+        kiln = [r["decode_tok_s"] for r in results["kiln"] if phase(r) == which]
+        for peer, rs in results.items():
+            other = [r["decode_tok_s"] for r in rs if phase(r) == which]
+            if peer == "kiln" or not kiln or not other:
+                continue
+            k, o = statistics.median(kiln), statistics.median(other)
+            lines.append(f"- {which} phase: Kiln / {peer} decode **{k / o:.2f}×** "
+                         f"({k:.2f} vs {o:.2f} tok/s, medians of {len(kiln)} and {len(other)} runs)")
+    return lines + [""]
+
+
 def llama_reports(results):
     """The instruction sets llama.cpp reports using (`llama_print_system_info`)."""
     info = results["llama.cpp"][-1].get("system_info", "")
@@ -488,7 +562,8 @@ def main():
     if openvino:
         engines["OpenVINO"] = lambda: openvino.run(args.threads, prompt, args.gen_tokens, args.precision, args.kv_dtype)
     loads = [loadavg()]
-    results, dropped = measure(engines, args.reps, args.rest)
+    probe = None if args.no_phase_probe else (lambda: read_probe(args.kiln, args.threads))
+    results, dropped = measure(engines, args.reps, args.rest, probe)
     loads.append(loadavg())
     openvino_reason = openvino_reason or dropped.get("OpenVINO")
 
@@ -502,6 +577,7 @@ def main():
     lines = header_lines(args, label, now, model, llama, loads, openvino_line)
     lines += table_lines(results, med, openvino_reason)
     lines += ceiling_lines(args, results, med)
+    lines += phase_lines(results)
     text = "\n".join(lines)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
