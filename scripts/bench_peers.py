@@ -27,8 +27,8 @@ to bench/results/ and prints it. Between every two runs it measures the read ban
 (`kiln probe`, about a second): the machines this runs on move between a fast and a slow memory
 phase for minutes at a time (a 2-core Zen 5 EPYC: ~85 and ~50 GB/s), a bandwidth-bound decode
 follows the phase and llama.cpp's less so, so the table also gives each phase's decode ratio
-from the runs the probes before and after place in it. A GGUF file can be given instead of a folder (then Kiln runs that
-same file too). `--quant FTYPE` quantises that GGUF with llama.cpp's own quantiser first
+from the runs the probes before and after place in it. A GGUF file can be given instead of a
+folder (then Kiln runs that same file too). `--quant FTYPE` quantises that GGUF with llama.cpp's own quantiser first
 (`llama_model_quantize`, as `llama-quantize` does) and both engines read the quantised file.
 
 `--avx2` compares the AVX2 code of both engines on any x86-64 machine: Kiln compiles with
@@ -323,7 +323,7 @@ def read_probe(kiln, threads):
     """The machine's read bandwidth right now (GB/s at `threads` threads, best of 5 passes of
     `kiln probe`, about a second), or None where it cannot be had. This machine kind moves
     between a fast and a slow memory phase (on the 2-core Zen 5 EPYC ~85 and ~50 GB/s) for
-    minutes at a time; a probe taken just before each engine's run says which phase the run met.
+    minutes at a time; the probes taken between runs say which phase each run met (`measure`).
     Its own cache folder: the stored probe `kiln bench` judges against stays the user's."""
     env = dict(os.environ, KILN_CACHE_DIR=str(WORK / "kiln-probe-cache"))
     r = subprocess.run([kiln, "probe", "--json", "--passes", "5"], capture_output=True, text=True, env=env)
@@ -357,7 +357,7 @@ def parse_args():
                          "(OpenVINO is not run)")
     ap.add_argument("--no-openvino", action="store_true", help="leave OpenVINO GenAI out")
     ap.add_argument("--no-phase-probe", action="store_true",
-                    help="do not measure the read bandwidth before each run (a second each; the table then has no "
+                    help="do not measure the read bandwidth between runs (a second each; the table then has no "
                          "per-phase decode ratios)")
     return ap.parse_args()
 
