@@ -306,6 +306,33 @@ fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
         "--no-probe",
     ]);
     assert_eq!(bench["precision"], "q8");
+    // The human report of an exact-mode run over block weights names the q8 mode; a q8 run's
+    // does not.
+    let report = |extra: &[&str]| -> String {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args([
+                "bench",
+                model,
+                "--reps",
+                "1",
+                "--prompt-tokens",
+                "4",
+                "--gen-tokens",
+                "2",
+                "--no-probe",
+            ])
+            .args(extra)
+            .env("KILN_CACHE_DIR", cache_dir())
+            .output()
+            .expect("kiln runs");
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(
+        report(&[]).contains("`--precision q8` rounds the activations"),
+        "exact mode over q4_0 weights should point at q8"
+    );
+    assert!(!report(&["--precision", "q8"]).contains("--precision q8"));
 }
 
 /// `tests/data/gguf/tiny-llama.gguf` (`scripts/make_gguf_fixtures.py`): one llama layer of
