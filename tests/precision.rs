@@ -274,15 +274,16 @@ fn q8_precision_prefill_and_decode_agree() {
 fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
     let model = fixture("gguf/llama-q4_0.gguf");
     let model = model.to_str().unwrap();
-    let kiln = |args: &[&str]| -> serde_json::Value {
+    let stdout_of = |args: &[&str]| -> String {
         let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(args)
             .env("KILN_CACHE_DIR", cache_dir())
             .output()
             .expect("kiln runs");
         assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).expect("JSON")
+        String::from_utf8_lossy(&o.stdout).into_owned()
     };
+    let kiln = |args: &[&str]| -> serde_json::Value { serde_json::from_str(&stdout_of(args)).expect("JSON") };
     let exact = kiln(&["info", model, "--json"]);
     let q8 = kiln(&["info", model, "--json", "--precision", "q8"]);
     assert_eq!(exact["precision"], "exact");
@@ -291,12 +292,9 @@ fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
         exact["cache_key"], q8["cache_key"],
         "the mode changes the code, so the key"
     );
-    let bench = kiln(&[
+    let bench = [
         "bench",
         model,
-        "--json",
-        "--precision",
-        "q8",
         "--reps",
         "1",
         "--prompt-tokens",
@@ -304,35 +302,16 @@ fn q8_precision_changes_the_key_and_shows_in_info_and_bench() {
         "--gen-tokens",
         "2",
         "--no-probe",
-    ]);
-    assert_eq!(bench["precision"], "q8");
+    ];
+    let json = kiln(&[&bench[..], &["--json", "--precision", "q8"]].concat());
+    assert_eq!(json["precision"], "q8");
     // The human report of an exact-mode run over block weights names the q8 mode; a q8 run's
     // does not.
-    let report = |extra: &[&str]| -> String {
-        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args([
-                "bench",
-                model,
-                "--reps",
-                "1",
-                "--prompt-tokens",
-                "4",
-                "--gen-tokens",
-                "2",
-                "--no-probe",
-            ])
-            .args(extra)
-            .env("KILN_CACHE_DIR", cache_dir())
-            .output()
-            .expect("kiln runs");
-        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
     assert!(
-        report(&[]).contains("`--precision q8` rounds the activations"),
+        stdout_of(&bench).contains("`--precision q8` rounds the activations"),
         "exact mode over q4_0 weights should point at q8"
     );
-    assert!(!report(&["--precision", "q8"]).contains("--precision q8"));
+    assert!(!stdout_of(&[&bench[..], &["--precision", "q8"]].concat()).contains("--precision q8"));
 }
 
 /// `tests/data/gguf/tiny-llama.gguf` (`scripts/make_gguf_fixtures.py`): one llama layer of
