@@ -287,13 +287,18 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 }
 
 /// Whether a run in the default exact mode reads GGUF block weights that `--precision q8` could
-/// take instead (AVX2 code or wider): decode of those formats is compute-bound in exact mode
-/// (TinyLlama Q4_K_M on a 2-core Zen 5 EPYC, 2 threads: 46 tok/s exact, 90 with q8, llama.cpp
-/// 63), and a user measuring speed should hear of the mode that matches llama.cpp's arithmetic.
+/// take instead (where the compile options accept q8 for this build: AVX2 code or wider):
+/// decode of those formats is compute-bound in exact mode (TinyLlama Q4_K_M on a 2-core Zen 5
+/// EPYC, 2 threads: 46 tok/s exact, 90 with q8, llama.cpp 63), and a user measuring speed
+/// should hear of the mode that matches llama.cpp's arithmetic.
 fn q8_would_apply(spec: &kiln_core::ModelSpec, opts: &OpenOptions, host: &HostCpu) -> bool {
-    let wide_enough =
-        cfg!(target_arch = "x86_64") && host.f32_lanes() >= 8 && opts.target_cpu.as_deref() != Some("x86-64-v2");
-    opts.precision == kiln_core::Precision::Exact && wide_enough && spec.weights.iter().any(|w| w.dtype.is_quantized())
+    let q8 = OpenOptions {
+        precision: kiln_core::Precision::Q8,
+        ..opts.clone()
+    };
+    opts.precision == kiln_core::Precision::Exact
+        && spec.weights.iter().any(|w| w.dtype.is_quantized())
+        && q8.compile_options(host, spec).is_ok()
 }
 
 /// Decode of `n` sequences together, each in its own slot after the same prompt, as `kiln
