@@ -84,6 +84,18 @@ pub(in crate::emit) fn decode_quant_step(dtype: DType, lanes: usize, blocks_in_r
 /// (`decode_sweep`, each round's rate over the read probe run just before it, medians of 30-40
 /// rounds): k = 896 4 rows 104 % vs 8 rows 97 %, k = 1024 104 vs 97, k = 3584 104 vs 88, k =
 /// 4864 108 vs 93; six rows in between (94-101 %).
+///
+/// Four rows cap the exact (f32 FMA) form: each output's four phases are four sequential
+/// chains, so four rows keep 16 lanes of FMAs in flight, 4 weights per cycle at a 4-cycle
+/// latency whatever the vector width (`quant_speed`, bf16 in cache, one thread: 36.8 GB/s
+/// with 4 rows, 66.2 with 8; `--precision bf16` pairs 53.2 and 81.2). Two threads at that
+/// cap read ~70 GB/s, under the Zen 5's ~85 GB/s fast phase, yet more rows lost in the model
+/// too: Qwen2.5-0.5B, exact, 2 threads, interleaved, each repetition over the (huge-page)
+/// read probe right after it: 4 rows 73-74 % fast phase and 76-77 % slow, 6 rows 74 % and
+/// 72-76 %, 8 rows 71-72 % and 70-72 %. Plain loads show why: two threads reading 2 KiB rows
+/// one line of each of 8 rows at a time read 36-39 GB/s where 1 or 4 rows read ~50 (slow
+/// phase). Lifting the cap without more streams takes eight phases per output in the f32
+/// form, or weights repacked at load so that eight rows are one stream.
 pub(in crate::emit) fn decode_float_rows(lanes: usize, quad: bool) -> usize {
     let chains = (32 / lanes).max(1);
     let rows = if quad {
@@ -118,6 +130,13 @@ impl Prefetch {
 /// ~80 %, and a far one (32 KiB ahead, into L2: enough requests in flight to cover the memory
 /// latency without holding L1 fill buffers) to ~90 %, measured with `kiln bench` against the
 /// read bandwidth measured in the same run.
+///
+/// They cost instructions (an address, a clamp and the prefetch per line and distance): in
+/// cache, q8-mode q8_0 (34 bytes per 32 weights, the most lines per weight) ran at 45.6 GB/s
+/// per thread with both and 60.2 without (AVX2 code 46.4 → 54.9; q4_k, q6_k, bf16 within 5 %;
+/// `quant_speed`, 2-core Zen 5). From memory that headroom bought nothing: TinyLlama-1.1B Q8_0,
+/// `--precision q8`, 2 threads, decode 51.4-52.0 tok/s with the near prefetch and 50.9-51.9
+/// without it in the fast memory phase (interleaved, read probe 82-86 GB/s), so both stay.
 pub(super) fn decode_prefetches() -> [Prefetch; 2] {
     [
         Prefetch {
