@@ -98,8 +98,7 @@ pub fn emit_gate_up<'c, 'a>(
         lanes,
         n,
         max_rows,
-        gate_mm.q8.map(|a| a.vnni512),
-        gate_mm.quad(*gate_dtype),
+        gate_mm.act_form(*gate_dtype),
         |b, quant_group| {
             let group = if gate_dtype.is_quantized() {
                 quant_group

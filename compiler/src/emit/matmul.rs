@@ -22,13 +22,15 @@
 
 mod bf16_rows;
 mod decode;
+mod decode_shape;
 mod q8;
 mod q8_blocks;
 mod q8_stage;
 mod quad;
 
 pub(super) use bf16_rows::bf16_rows;
-pub(super) use decode::{decode_float_rows, decode_split, normalised_rows, with_decode_cols};
+pub(super) use decode::{decode_split, normalised_rows};
+pub(super) use decode_shape::{decode_float_rows, with_decode_cols};
 
 use super::{Dyn, elementwise, quant, quant8, split_work};
 use crate::ir::{Kb, lanes_for};
