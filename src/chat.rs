@@ -12,202 +12,35 @@
 //! by line otherwise, so the REPL can be driven through a pipe. With `--json` every event is
 //! one JSON object on stdout (a transcript for scripts and tests); otherwise replies stream to
 //! stdout and notes go to stderr.
+//!
+//! Beside the REPL: `prompt` (a turn's template, rendering and end-of-turn ids), `reply`
+//! (printing a reply with its reasoning shown or hidden) and `input` (where lines come from).
+
+mod input;
+mod prompt;
+mod reply;
+
+use input::{Input, Read};
+pub use prompt::{ChatPrompt, chat_stop_ids, load_template, render_single, thinking_option};
+pub use reply::{ReplyPrinter, stdout_styled};
 
 use crate::interrupt::{self, OnInterrupt};
 use crate::output::{WriteError, errln, outln};
 use crate::session::{BuildChoices, OpenOptions, PreparedModel, Session};
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::Result;
 use kiln_engine::engine::{Engine, EngineError};
 use kiln_text::chat_template::{ChatTemplate, DateTime, Message, RenderOptions};
-use kiln_text::generate::{self, GenerateOptions, Generation, Model, Part, StopReason, ThinkFilter};
+use kiln_text::generate::{self, GenerateOptions, Generation, Model, StopReason};
 use kiln_text::sampler::{ResolvedSampling, Sampler, SamplingChoice, SamplingParams};
 use kiln_text::tokenizer::Tokenizer;
 use serde_json::{Value, json};
-use std::io::{BufRead as _, IsTerminal as _, Write};
+use std::io::{IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// What printing a line to the user gives: only a failed write is an error.
 type Shown = Result<(), WriteError>;
-
-/// Special tokens that end an assistant turn in the common chat formats. Generation in chat
-/// mode stops at those the tokenizer has, besides the model's EOS ids: a small model's
-/// `generation_config.json` does not always list its end-of-turn token.
-const END_OF_TURN_TOKENS: [&str; 6] = [
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|end_of_text|>",
-    "<|endoftext|>",
-];
-
-/// ANSI: dim and italic on, then everything off.
-const STYLE_THINKING: &str = "\x1b[2;3m";
-const STYLE_RESET: &str = "\x1b[0m";
-
-/// `eos` plus the end-of-turn special tokens of [`END_OF_TURN_TOKENS`] that the tokenizer has.
-pub fn chat_stop_ids(tokenizer: &Tokenizer, mut eos: Vec<u32>) -> Vec<u32> {
-    for name in END_OF_TURN_TOKENS {
-        if let Some(id) = tokenizer.token_to_id(name)
-            && tokenizer.is_special(id)
-            && !eos.contains(&id)
-        {
-            eos.push(id);
-        }
-    }
-    eos
-}
-
-/// The model's chat template, or an error naming `model` and what to do instead (`hint`).
-pub fn load_template(tokenizer: &Tokenizer, model: &Path, hint: &str) -> Result<ChatTemplate> {
-    ChatTemplate::from_tokenizer(tokenizer)?.ok_or_else(|| {
-        anyhow!(
-            "model {} has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); {hint}",
-            model.display()
-        )
-    })
-}
-
-/// `enable_thinking` for a template: asked for when the template reads the variable (Qwen3),
-/// left undefined otherwise.
-pub fn thinking_option(tokenizer: &Tokenizer, think: bool) -> Option<bool> {
-    tokenizer
-        .chat_template()
-        .is_some_and(|t| t.contains("enable_thinking"))
-        .then_some(think)
-}
-
-/// A rendered prompt of one or more turns.
-pub struct ChatPrompt {
-    pub text: String,
-    /// The prompt ends inside an open `<think>` block: the reply starts with reasoning.
-    pub opens_thinking: bool,
-}
-
-/// Renders `system` (if any) and one user turn with the generation prompt (`kiln run --chat`).
-pub fn render_single(
-    template: &ChatTemplate,
-    options: &RenderOptions,
-    system: Option<&str>,
-    user: &str,
-) -> Result<ChatPrompt> {
-    let mut messages = Vec::new();
-    if let Some(s) = system {
-        messages.push(Message::system(s));
-    }
-    messages.push(Message::user(user));
-    let text = template.render(&messages, options)?;
-    Ok(ChatPrompt {
-        opens_thinking: generate::prompt_opens_thinking(&text),
-        text,
-    })
-}
-
-/// Whether replies on stdout get ANSI styles: stdout is a terminal and `NO_COLOR` is unset.
-pub fn stdout_styled() -> bool {
-    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-}
-
-/// Prints a streamed reply, showing or hiding its reasoning. Shown reasoning is dim and italic
-/// (without its tags) when styled, and printed as it is, tags included, when not. Hidden
-/// reasoning is replaced, on a terminal, by a dim "thinking…" that is erased when it ends; the
-/// whitespace that follows a hidden block is dropped.
-pub struct ReplyPrinter {
-    filter: ThinkFilter,
-    show_thinking: bool,
-    styled: bool,
-    /// After a hidden block, until the answer's first non-space character.
-    skip_space: bool,
-    /// The "thinking…" indicator is on screen.
-    indicator: bool,
-}
-
-impl ReplyPrinter {
-    pub fn new(show_thinking: bool, start_thinking: bool, styled: bool) -> ReplyPrinter {
-        ReplyPrinter {
-            filter: ThinkFilter::new(start_thinking),
-            show_thinking,
-            styled,
-            skip_space: false,
-            indicator: false,
-        }
-    }
-
-    /// Prints the next piece of the reply; a failed write is returned (and the rest of the
-    /// piece dropped).
-    pub fn push(&mut self, text: &str, out: &mut dyn Write) -> std::io::Result<()> {
-        let mut filter = std::mem::take(&mut self.filter);
-        let mut written = Ok(());
-        if filter.is_thinking()
-            && !self.show_thinking
-            && self.styled
-            && !self.indicator
-            && text.contains(|c: char| !c.is_whitespace())
-        {
-            // Started inside a block: the prompt opened it.
-            written = self.show_indicator(out);
-        }
-        filter.push(text, &mut |part| {
-            if written.is_ok() {
-                written = self.part(part, out);
-            }
-        });
-        self.filter = filter;
-        written.and_then(|()| out.flush())
-    }
-
-    /// Ends the reply (held-back text is printed, styles are reset).
-    pub fn finish(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
-        let mut filter = std::mem::take(&mut self.filter);
-        let mut written = Ok(());
-        filter.finish(&mut |part| {
-            if written.is_ok() {
-                written = self.part(part, out);
-            }
-        });
-        written?;
-        if self.indicator {
-            self.clear_indicator(out)?;
-        }
-        out.flush()
-    }
-
-    fn show_indicator(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
-        self.indicator = true;
-        write!(out, "{STYLE_THINKING}thinking…{STYLE_RESET}")
-    }
-
-    fn clear_indicator(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
-        self.indicator = false;
-        write!(out, "\r\x1b[2K")
-    }
-
-    fn part(&mut self, part: Part<'_>, out: &mut dyn Write) -> std::io::Result<()> {
-        match (part, self.show_thinking, self.styled) {
-            (Part::Answer(t), ..) => {
-                let t = if self.skip_space { t.trim_start() } else { t };
-                self.skip_space &= t.is_empty();
-                out.write_all(t.as_bytes())
-            }
-            (Part::Thinking(t), true, true) => write!(out, "{STYLE_THINKING}{t}{STYLE_RESET}"),
-            (Part::Thinking(t), true, false) => out.write_all(t.as_bytes()),
-            (Part::Open, true, false) => out.write_all(generate::think::OPEN.as_bytes()),
-            (Part::Close, true, false) => out.write_all(generate::think::CLOSE.as_bytes()),
-            (Part::Open, false, true) => self.show_indicator(out),
-            (Part::Close, false, _) => {
-                self.skip_space = true;
-                if self.indicator {
-                    self.clear_indicator(out)
-                } else {
-                    Ok(())
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-}
 
 /// What `kiln chat` was asked for.
 pub struct ChatArgs {
@@ -274,56 +107,6 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     }
     chat.event(json!({"event": "exit"}))?;
     Ok(())
-}
-
-enum Read {
-    Line(String),
-    NotUtf8,
-    Interrupted,
-    Eof,
-}
-
-/// Where lines come from: a line editor on a terminal, plain lines otherwise.
-enum Input {
-    Editor(Box<rustyline::DefaultEditor>),
-    Plain(std::io::StdinLock<'static>),
-}
-
-impl Input {
-    fn new(interactive: bool) -> Result<Input> {
-        Ok(if interactive {
-            let editor = interrupt::keeping_handler(rustyline::DefaultEditor::new)?;
-            Input::Editor(Box::new(editor.context("starting the line editor")?))
-        } else {
-            Input::Plain(std::io::stdin().lock())
-        })
-    }
-
-    fn read(&mut self) -> Result<Read> {
-        match self {
-            Input::Editor(editor) => match editor.readline(">>> ") {
-                Ok(line) => {
-                    if !line.trim().is_empty() {
-                        let _ = editor.add_history_entry(line.as_str());
-                    }
-                    Ok(Read::Line(line))
-                }
-                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Read::Interrupted),
-                Err(rustyline::error::ReadlineError::Eof) => Ok(Read::Eof),
-                Err(e) => Err(anyhow!(e).context("reading the input")),
-            },
-            Input::Plain(stdin) => {
-                let mut buf = Vec::new();
-                if stdin.read_until(b'\n', &mut buf).context("reading the input")? == 0 {
-                    return Ok(Read::Eof);
-                }
-                while buf.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
-                    buf.pop();
-                }
-                Ok(String::from_utf8(buf).map_or(Read::NotUtf8, Read::Line))
-            }
-        }
-    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -856,38 +639,5 @@ mod tests {
         assert_eq!(drop_oldest(&mut m, 5), 2);
         assert!(m.is_empty());
         assert_eq!(drop_oldest(&mut m, 1), 0);
-    }
-
-    fn printed(show: bool, start: bool, styled: bool, chunks: &[&str]) -> String {
-        let mut p = ReplyPrinter::new(show, start, styled);
-        let mut out = Vec::new();
-        for c in chunks {
-            p.push(c, &mut out).unwrap();
-        }
-        p.finish(&mut out).unwrap();
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn reasoning_is_hidden_styled_or_shown_as_is() {
-        let chunks = ["<thi", "nk>\nLet me", " think.\n</th", "ink>\n\n", "The answer."];
-        assert_eq!(printed(false, false, false, &chunks), "The answer.");
-        assert_eq!(
-            printed(true, false, false, &chunks),
-            "<think>\nLet me think.\n</think>\n\nThe answer."
-        );
-        assert_eq!(
-            printed(true, false, true, &chunks),
-            "\x1b[2;3m\nLet me\x1b[0m\x1b[2;3m think.\n\x1b[0m\n\nThe answer."
-        );
-        // Hidden on a terminal: an indicator, erased when the block ends.
-        assert_eq!(
-            printed(false, false, true, &chunks),
-            "\x1b[2;3mthinking…\x1b[0m\r\x1b[2KThe answer."
-        );
-        // The prompt opened the block.
-        assert_eq!(printed(false, true, false, &["why</think>\n", "Because."]), "Because.");
-        // No reasoning at all.
-        assert_eq!(printed(false, false, true, &["Plain ", "text <b>"]), "Plain text <b>");
     }
 }
