@@ -278,6 +278,38 @@ fn info_and_cache_commands() {
     assert!(entries(cache.path()).is_empty());
 }
 
+/// `kiln probe` measures every thread count from one to the physical cores, prints the result
+/// as one JSON object, and stores the same object next to the cache (where `kiln bench` reads
+/// the machine's ceilings); nothing else is left behind.
+#[test]
+fn probe_reports_and_stores_every_thread_count() {
+    let cache = tempfile::tempdir().unwrap();
+    let o = kiln(cache.path(), &["probe", "--passes", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
+    let reads = printed["read_gb_s"].as_array().expect("read_gb_s");
+    let fmas = printed["fma_gflop_s"].as_array().expect("fma_gflop_s");
+    assert!(!reads.is_empty() && reads.len() == fmas.len(), "{printed}");
+    for (i, (r, f)) in reads.iter().zip(fmas).enumerate() {
+        assert_eq!(r["threads"], i + 1, "thread counts 1, 2, ...: {printed}");
+        assert_eq!(f["threads"], i + 1);
+        assert!(r["best"].as_f64().unwrap() > 0.0 && f["best"].as_f64().unwrap() > 0.0);
+        assert!(r["best"].as_f64() >= r["median"].as_f64(), "best is the largest pass");
+    }
+    assert!(
+        printed["buffer_bytes"].as_u64().unwrap() >= 1 << 30,
+        "reads come from memory"
+    );
+    let stored: Vec<PathBuf> = std::fs::read_dir(cache.path().join("probe"))
+        .expect("probe folder")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let saved: Value = serde_json::from_slice(&std::fs::read(&stored[0]).unwrap()).unwrap();
+    assert_eq!(saved, printed, "the stored result is the printed one");
+    assert!(leftovers(cache.path()).is_empty(), "{:?}", leftovers(cache.path()));
+}
+
 /// A copy of a fixture in a temp folder, to break.
 fn copy_fixture(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
