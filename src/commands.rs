@@ -3,7 +3,7 @@
 
 mod probe;
 
-pub use probe::{load_probe, probe, probe_library, probe_path};
+pub use probe::{load_probe, probe, probe_library};
 
 use crate::chat;
 use crate::interrupt::{self, OnInterrupt};

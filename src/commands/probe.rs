@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Where the probe result for this machine is stored: next to the cache, keyed by the CPU.
-pub fn probe_path(cache_root: &Path, host: &HostCpu) -> PathBuf {
+fn probe_path(cache_root: &Path, host: &HostCpu) -> PathBuf {
     let cpu = serde_json::to_string(host).expect("cpu serialises");
     let key = kiln_cache::Key::from_parts(&[("cpu", &cpu)]);
     cache_root.join("probe").join(format!("{key}.json"))
