@@ -304,6 +304,12 @@ fn f32_to_f16(v: f32) -> u16 {
     sign | ((exp as u16) << 10) | ((mant >> 13) as u16)
 }
 
+/// A numeric knob of the timing tests (`KILN_QUANT_K=2048` ...): `None` when unset or not a
+/// number.
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn ptr<T>(v: &mut [T]) -> *mut u8 {
     v.as_mut_ptr() as *mut u8
 }

@@ -139,9 +139,7 @@ fn tiled_prefill_rows_equal_rows_attended_alone() {
 #[test]
 #[ignore = "timing only: cargo test -p kiln-compiler --release -- --ignored attention_speed --nocapture"]
 fn attention_speed() {
-    let var = |name: &str, default: usize| -> usize {
-        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-    };
+    let var = |name: &str, default: usize| super::env_usize(name).unwrap_or(default);
     let (heads, kv_heads, hd) = (var("KILN_ATT_HEADS", 14), 2, var("KILN_ATT_DIM", 64));
     let pos = var("KILN_ATT_POS", 3999);
     let layers = var("KILN_ATT_LAYERS", 24);

@@ -420,12 +420,8 @@ fn model_kernels_accepts_quantised_matrices_only() {
 #[ignore = "timing only: cargo test -p kiln-compiler -- --ignored quant_speed --nocapture"]
 fn quant_speed() {
     let host = HostCpu::detect().f32_lanes();
-    let lanes = std::env::var("KILN_QUANT_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(host)
-        .min(host);
-    let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let lanes = super::env_usize("KILN_QUANT_LANES").unwrap_or(host).min(host);
+    let var = |name: &str, default: usize| super::env_usize(name).unwrap_or(default);
     let (n, k, rows) = (
         var("KILN_QUANT_N", 1024),
         var("KILN_QUANT_K", 2048),
@@ -536,14 +532,8 @@ fn quant_speed() {
 #[test]
 #[ignore = "timing only: a parameter sweep driven by KILN_SWEEP (see above)"]
 fn decode_sweep() {
-    let lanes = std::env::var("KILN_SWEEP_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(HostCpu::detect().f32_lanes());
-    let k: usize = std::env::var("KILN_QUANT_K")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(896);
+    let lanes = super::env_usize("KILN_SWEEP_LANES").unwrap_or(HostCpu::detect().f32_lanes());
+    let k: usize = super::env_usize("KILN_QUANT_K").unwrap_or(896);
     let dtype = match std::env::var("KILN_SWEEP_DTYPE").as_deref() {
         Ok("q8_0") => DType::Q8_0,
         Ok("q4_0") => DType::Q4_0,
@@ -562,10 +552,7 @@ fn decode_sweep() {
         .collect();
     // `KILN_SWEEP_MIB` (default 384): a matrix that fits the last-level cache measures the
     // kernels' own rate, as a machine with faster memory would see it.
-    let mib: usize = std::env::var("KILN_SWEEP_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(384);
+    let mib: usize = super::env_usize("KILN_SWEEP_MIB").unwrap_or(384);
     let n = (mib << 20) / dtype.bytes_for(k) / 64 * 64;
     let kernel = Kernel::MatMul {
         n,
@@ -578,10 +565,7 @@ fn decode_sweep() {
         softcap: None,
         // `KILN_SWEEP_MAX_ROWS=8` measures the batched-decode kernels the engine builds, on a
         // one-row call as a single sequence's decode makes.
-        max_rows: std::env::var("KILN_SWEEP_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1),
+        max_rows: super::env_usize("KILN_SWEEP_MAX_ROWS").unwrap_or(1),
     };
     let probe = Kernel::ProbeRead {
         elems: n * dtype.bytes_for(k) / 4,
@@ -636,14 +620,9 @@ fn decode_sweep() {
     let mut x = rng.vec(k * max_rows);
     let mut y = vec![0f32; n * max_rows];
     let ptrs = [ptr(&mut x) as usize, w.as_mut_ptr() as usize, ptr(&mut y) as usize];
-    let rounds: usize = std::env::var("KILN_SWEEP_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
-    let thrash: Option<Vec<u8>> = std::env::var("KILN_SWEEP_THRASH_MIB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|m| (0..m << 20).map(|i| i as u8).collect());
+    let rounds: usize = super::env_usize("KILN_SWEEP_ROUNDS").unwrap_or(15);
+    let thrash: Option<Vec<u8>> =
+        super::env_usize("KILN_SWEEP_THRASH_MIB").map(|m| (0..m << 20).map(|i| i as u8).collect());
     let mut times = vec![Vec::new(); libs.len()];
     let mut probe_times = Vec::new();
     let mut sums = vec![0f32; 64 * 16];
