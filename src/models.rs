@@ -163,11 +163,14 @@ fn compiled(row: &Row, host: &HostCpu, cache: &Cache) -> Compiled {
     if !row.complete {
         return unknown("incomplete download".into());
     }
-    let spec = match spec_of(&row.path) {
+    let mut spec = match spec_of(&row.path) {
         Ok(s) => s,
         Err(e) => return unknown(crate::session::one_line(&e)),
     };
-    let key = cache_key(&spec, &compile_options(host, None), host);
+    // As a run with the default options prepares it (`PreparedModel`).
+    let options = compile_options(host, None);
+    spec.group_rows(options.f32_lanes, kiln_core::budget::physical_memory());
+    let key = cache_key(&spec, &options, host);
     let compiled = match cache.lookup(&key) {
         Ok(Lookup::Hit(_)) => Some(true),
         Ok(Lookup::Missing | Lookup::Corrupt(_)) => Some(false),

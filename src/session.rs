@@ -286,6 +286,13 @@ impl PreparedModel {
         if let Some(elem) = opts.kv_dtype {
             spec.set_kv_elem(elem);
         }
+        // Matrices decode reads in row groups (`kiln_core::grouped`), repacked by the engine at
+        // load; part of the spec, hence of the cache key. Not under a budget, which streams
+        // weights as stored.
+        if opts.ram_budget.is_none() {
+            let lanes = opts.compile_options(&HostCpu::detect(), &spec)?.f32_lanes;
+            spec.group_rows(lanes, kiln_core::budget::physical_memory());
+        }
         let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") && opts.ram_budget.is_none() {
             let resident = kiln_engine::resident::ResidentWeights::copy_from(&spec, weights.as_ref())

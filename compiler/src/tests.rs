@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 mod attention_tiles;
 mod float_order;
+mod grouped;
 mod kv;
 mod ops;
 mod precision;
@@ -671,6 +672,7 @@ fn matmul_work_split_under_concurrency() {
             act: None,
             softcap: None,
             max_rows: 1,
+            grouped: false,
         },
         Kernel::MatMul {
             n: 1003,
@@ -682,6 +684,7 @@ fn matmul_work_split_under_concurrency() {
             act: None,
             softcap: None,
             max_rows: ROWS,
+            grouped: false,
         },
     ];
     let options = CompileOptions::new(ROWS, lanes);

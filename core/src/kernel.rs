@@ -89,6 +89,9 @@ pub enum Kernel {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         softcap: Option<F32Bits>,
         max_rows: usize,
+        /// `w` is stored in row groups ([`crate::grouped`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        grouped: bool,
     },
     /// Decode's whole gated-MLP input side in one step: `g = x @ w_gate^T`, `u = x @ w_up^T`,
     /// then `g = act(g) * u`, each thread finishing the outputs it computed (no barrier between
@@ -103,6 +106,9 @@ pub enum Kernel {
         norm: Option<NormShape>,
         act: Act,
         max_rows: usize,
+        /// `w_gate` and `w_up` are stored in row groups ([`crate::grouped`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        grouped: bool,
     },
     /// For each row `r` at the position and slot `row_info[r]` gives: optional per-head norm of
     /// q and k, the rotary embedding of q and k in place (when `rotary`), then k and v written

@@ -12,6 +12,7 @@ pub mod dequant;
 pub mod dtype;
 pub mod files;
 pub mod graph;
+pub mod grouped;
 pub mod kernel;
 pub mod ops;
 pub mod rope;

@@ -210,6 +210,15 @@ impl Engine {
             (config.pin && threads <= cores.len()).then(|| &cores[..threads]),
         );
 
+        // Weights the kernels read in row groups, repacked once (the streamer reads weights as
+        // stored, so a streaming engine must have none).
+        let grouped = spec.weights.iter().any(|t| t.grouped_rows);
+        if grouped && config.ram_budget.is_some() {
+            return Err(EngineError::Plan(
+                "row-grouped weights cannot be streamed under a RAM budget".to_string(),
+            ));
+        }
+        let weights = crate::grouped::GroupedWeights::wrap(spec, weights, threads).map_err(EngineError::Plan)?;
         let streaming = match config.ram_budget {
             Some(b) => {
                 let plan = budget::plan(&budget::Footprint::of(spec, block_rows, ctx, config.slots), b)?;

@@ -6,6 +6,7 @@
 pub mod buffers;
 mod checkpoint;
 pub mod engine;
+pub mod grouped;
 pub mod library;
 pub mod plan;
 pub mod pool;

@@ -86,6 +86,9 @@ pub(super) struct MatMul<'c, 'a> {
     /// `--precision q8` over weights it covers: the rows rounded to 8 bits, multiplied in
     /// integers ([`MatMul::q8_rows`]), in decode and prefill alike.
     pub(super) q8: Option<quant8::Acts<'c, 'a>>,
+    /// The weights are stored in row groups (`kiln_core::grouped`): read in quad order only,
+    /// at the grouped addresses, without software prefetch in decode.
+    pub(super) grouped: bool,
 }
 
 /// The rows of `x` rounded for `--precision q8` when the mode covers weights of `dtype`.
@@ -159,6 +162,7 @@ pub fn emit_matmul<'c, 'a>(
         act,
         softcap,
         max_rows,
+        grouped,
     } = kernel
     else {
         unreachable!()
@@ -193,7 +197,12 @@ pub fn emit_matmul<'c, 'a>(
         bf16_pairs: precision == kiln_core::Precision::Bf16,
         x_bf16: rounded.map(|r| r.buf),
         q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, opts),
+        grouped: *grouped,
     };
+    assert!(
+        !m.grouped || m.quad(*wdtype),
+        "row-grouped weights are read in quad order only"
+    );
     let w = p[1];
     // `--precision q8` prefills with decode's code: row tiles over each weight row's blocks,
     // the same integer sums per output, so prefill and decode agree bit for bit.

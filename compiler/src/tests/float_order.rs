@@ -34,6 +34,7 @@ fn matmul(n: usize, k: usize, wdtype: DType, max_rows: usize) -> Kernel {
         act: None,
         softcap: None,
         max_rows,
+        grouped: false,
     }
 }
 

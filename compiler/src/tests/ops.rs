@@ -58,6 +58,7 @@ fn matmul(
         act,
         softcap: softcap.map(F32Bits::new),
         max_rows,
+        grouped: false,
     }
 }
 
@@ -157,6 +158,7 @@ fn suite() -> Vec<Kernel> {
             norm: Some(shape(NormKind::Layer)),
             act,
             max_rows: 1,
+            grouped: false,
         });
     }
     out.push(matmul(None, None, Some(3.0), false, ROWS));
@@ -417,6 +419,7 @@ fn gate_up_equals_its_unfused_steps() {
                 norm: Some(shape(NormKind::Layer)),
                 act,
                 max_rows: 1,
+                grouped: false,
             };
             let ptrs = [
                 ptr(&mut x),

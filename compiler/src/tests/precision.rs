@@ -35,6 +35,7 @@ fn matmul_nk(n: usize, k: usize, max_rows: usize) -> Kernel {
         act: None,
         softcap: None,
         max_rows,
+        grouped: false,
     }
 }
 
@@ -131,6 +132,7 @@ fn gate_up_in_bf16_pairs_equals_the_two_matmuls() {
         norm: None,
         act: Act::Silu,
         max_rows: 1,
+        grouped: false,
     };
     let lib = TestLib::build(&[gate_up.clone(), matmul(1)], &options, None);
     let mut rng = Rng(0x6a7e);

@@ -44,6 +44,7 @@ fn matmul(dtype: DType, n: usize, k: usize, bias: bool, accumulate: bool, max_ro
         act: None,
         softcap: None,
         max_rows,
+        grouped: false,
     }
 }
 
@@ -202,6 +203,7 @@ fn q8_gate_up_equals_the_two_matmuls() {
             norm: None,
             act: Act::Silu,
             max_rows: 1,
+            grouped: false,
         };
         let (mg, mu) = (
             matmul(gate_dtype, n, k, false, false, 1),

@@ -143,6 +143,7 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                     act: None,
                     softcap: None,
                     max_rows,
+                    grouped: false,
                 });
             }
         }
@@ -269,6 +270,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     act: None,
                     softcap: None,
                     max_rows,
+                    grouped: false,
                 };
                 let (prefill, decode, batched) = (kernel(ROWS), kernel(1), kernel(DECODE_ROWS));
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);
@@ -448,6 +450,7 @@ fn quant_speed() {
                 act: None,
                 softcap: None,
                 max_rows,
+                grouped: false,
             })
         })
         .collect();
@@ -487,6 +490,7 @@ fn quant_speed() {
                 act: None,
                 softcap: None,
                 max_rows,
+                grouped: false,
             };
             let mut x = rng.vec(max_rows * k);
             let mut y = vec![0f32; max_rows * n];
@@ -566,6 +570,7 @@ fn decode_sweep() {
         // `KILN_SWEEP_MAX_ROWS=8` measures the batched-decode kernels the engine builds, on a
         // one-row call as a single sequence's decode makes.
         max_rows: super::env_usize("KILN_SWEEP_MAX_ROWS").unwrap_or(1),
+        grouped: super::env_usize("KILN_SWEEP_GROUPED") == Some(1),
     };
     let probe = Kernel::ProbeRead {
         elems: n * dtype.bytes_for(k) / 4,

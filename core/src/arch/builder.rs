@@ -127,6 +127,7 @@ impl Builder {
             layout,
             role,
             layer: self.layer,
+            grouped_rows: false,
         });
         WeightId(self.spec.weights.len() as u32 - 1)
     }

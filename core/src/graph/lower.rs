@@ -56,7 +56,7 @@ pub(super) fn lower_rows(spec: &ModelSpec, head: bool, max_rows: usize) -> Graph
 
 fn lower_section(spec: &ModelSpec, head: bool, max_rows: usize, last_row: bool) -> Graph {
     let units = if crate::kernel::is_decode(max_rows) {
-        fuse(&spec.ops, head)
+        fuse(spec, head)
     } else {
         spec.ops.iter().filter(|o| o.head == head).map(Unit::Plain).collect()
     };
@@ -167,6 +167,7 @@ fn kernel_of(spec: &ModelSpec, unit: &Unit, max_rows: usize) -> (Kernel, Vec<Arg
                 norm: norm.map(|n| norm_shape(spec, n)),
                 act,
                 max_rows,
+                grouped: spec.weight(wg.id).grouped_rows,
             };
             let mut args = vec![
                 Arg::Buf(x),
@@ -208,6 +209,7 @@ fn linear(spec: &ModelSpec, kind: &OpKind, folded: Option<(BufId, &Norm)>, max_r
         act: *act,
         softcap: *softcap,
         max_rows,
+        grouped: t.grouped_rows,
     };
     let input = folded.map_or(*x, |(source, _)| source);
     let mut args = vec![Arg::Buf(input), Arg::Weight(*w), Arg::Buf(*out)];
@@ -403,7 +405,8 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
 }
 
 /// Decode fusions over the ops of one section; see the module documentation.
-fn fuse(ops: &[Op], head: bool) -> Vec<Unit<'_>> {
+fn fuse(spec: &ModelSpec, head: bool) -> Vec<Unit<'_>> {
+    let ops = &spec.ops[..];
     let n = ops.len();
     // For each folded norm, its readers; for each op, the norm it reads through.
     let mut folded_into: Vec<Option<usize>> = vec![None; n];
@@ -440,7 +443,14 @@ fn fuse(ops: &[Op], head: bool) -> Vec<Unit<'_>> {
         if op.head != head {
             continue;
         }
-        if let Some((pg, pu)) = fusable_gate_up(ops, a, gate, up, &source) {
+        // One kernel reads both matrices in one layout (a row-grouped matrix beside a
+        // row-major one stays two matmuls).
+        let grouped = |j: usize| match &ops[j].kind {
+            OpKind::Linear { w, .. } => spec.weight(w.id).grouped_rows,
+            _ => false,
+        };
+        let fused = fusable_gate_up(ops, a, gate, up, &source).filter(|&(pg, pu)| grouped(pg) == grouped(pu));
+        if let Some((pg, pu)) = fused {
             let (first, last) = (pg.min(pu), pg.max(pu));
             dropped[first] = true;
             dropped[a] = true;

@@ -44,6 +44,7 @@ fn model(dir: &Path, layout: Layout) -> (Weights, ModelSpec) {
             layout,
             role,
             layer: Some(0),
+            grouped_rows: false,
         });
     }
     let views: Vec<(&str, StView)> = data

@@ -87,7 +87,13 @@ pub(in crate::emit) fn decode_quant_step(dtype: DType, lanes: usize, blocks_in_r
 /// one line of each of 8 rows at a time read 36-39 GB/s where 1 or 4 rows read ~50 (slow
 /// phase). Lifting the cap without more streams takes eight phases per output in the f32
 /// form, or weights repacked at load so that eight rows are one stream.
-pub(in crate::emit) fn decode_float_rows(lanes: usize, quad: bool) -> usize {
+///
+/// Row-grouped weights (`grouped`, `kiln_core::grouped`) take a whole group per step, 8 rows
+/// of one sequential stream: the chains of 8 rows without 8 streams.
+pub(in crate::emit) fn decode_float_rows(lanes: usize, quad: bool, grouped: bool) -> usize {
+    if grouped {
+        return kiln_core::grouped::GROUP_ROWS;
+    }
     let chains = (32 / lanes).max(1);
     let rows = if quad {
         2 * super::quad::outputs_per_vector(lanes.min(8))
@@ -116,7 +122,7 @@ pub(in crate::emit) fn decode_row_tile(cols: usize, lanes: usize) -> usize {
 pub(in crate::emit) enum ActForm {
     /// f32 activations (or rounded to bf16 for `--precision bf16`'s pairs); `quad`: float weights
     /// multiplied in quad order ([`MatMul::quad`]).
-    Float { quad: bool },
+    Float { quad: bool, grouped: bool },
     /// Activations rounded to 8-bit integers (`--precision q8`); `vnni512`: the kernels may
     /// take 512-bit `vpdpbusd`.
     Q8 { vnni512: bool },
@@ -127,7 +133,10 @@ impl<'c, 'a> MatMul<'c, 'a> {
     pub(in crate::emit) fn act_form(&self, dtype: DType) -> ActForm {
         match self.q8 {
             Some(acts) => ActForm::Q8 { vnni512: acts.vnni512 },
-            None => ActForm::Float { quad: self.quad(dtype) },
+            None => ActForm::Float {
+                quad: self.quad(dtype),
+                grouped: self.grouped,
+            },
         }
     }
 }
@@ -140,8 +149,8 @@ impl<'c, 'a> MatMul<'c, 'a> {
 /// only 1.6x the tokens of one).
 pub(in crate::emit) fn decode_cols(dtype: DType, lanes: usize, several_rows: Option<usize>, form: ActForm) -> usize {
     match (dtype.is_quantized(), several_rows, form) {
-        (false, _, ActForm::Float { quad }) => decode_float_rows(lanes, quad),
-        (false, _, ActForm::Q8 { .. }) => decode_float_rows(lanes, false),
+        (false, _, ActForm::Float { quad, grouped }) => decode_float_rows(lanes, quad, grouped),
+        (false, _, ActForm::Q8 { .. }) => decode_float_rows(lanes, false, false),
         (true, None, ActForm::Q8 { .. }) => super::q8::q8_cols(dtype, lanes),
         (true, None, ActForm::Float { .. }) => decode_quant_rows(dtype, lanes),
         (true, Some(max_rows), ActForm::Q8 { vnni512 }) => super::q8::q8_tile_cols(dtype, lanes, vnni512, max_rows),

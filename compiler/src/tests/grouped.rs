@@ -1,0 +1,150 @@
+//! Matmuls over row-grouped weights (`kiln_core::grouped`): fed the grouped copy of a matrix,
+//! prefill, decode (one row and batched steps) and decode's fused `gate_up` write bit for bit
+//! what the same kernels write from the row-major matrix, for bf16 and f16 weights at every
+//! quad-order width and, where the CPU has AVX512-BF16, in `--precision bf16`. Shapes: `k` of
+//! several prefill panel chunks, and `n` past one prefill block and not a multiple of it.
+
+use super::{Rng, TestLib, ptr, weights};
+use kiln_core::grouped::pack;
+use kiln_core::{Act, CompileOptions, DType, HostCpu, Kernel, Precision};
+
+/// Prefill rows per block: full row tiles and a remainder.
+const ROWS: usize = 13;
+/// (n, k): whole groups of whole lines, as the spec groups them.
+const SHAPES: [(usize, usize); 3] = [(40, 96), (48, 4160), (16, 1024)];
+const DTYPES: [DType; 2] = [DType::BF16, DType::F16];
+
+fn matmul(n: usize, k: usize, wdtype: DType, max_rows: usize, grouped: bool) -> Kernel {
+    Kernel::MatMul {
+        n,
+        k,
+        wdtype,
+        bias: None,
+        accumulate: false,
+        norm: None,
+        act: None,
+        softcap: None,
+        max_rows,
+        grouped,
+    }
+}
+
+fn gate_up(n: usize, k: usize, dtype: DType, grouped: bool) -> Kernel {
+    Kernel::GateUp {
+        n,
+        k,
+        gate_dtype: dtype,
+        up_dtype: dtype,
+        norm: None,
+        act: Act::Silu,
+        max_rows: kiln_core::graph::DECODE_ROWS,
+        grouped,
+    }
+}
+
+fn suite(precision: Precision) -> Vec<Kernel> {
+    let mut ks = Vec::new();
+    for (n, k) in SHAPES {
+        for dt in DTYPES
+            .into_iter()
+            .filter(|&d| precision != Precision::Bf16 || d == DType::BF16)
+        {
+            for grouped in [false, true] {
+                ks.push(matmul(n, k, dt, ROWS, grouped));
+                ks.push(matmul(n, k, dt, kiln_core::graph::DECODE_ROWS, grouped));
+                ks.push(gate_up(n, k, dt, grouped));
+            }
+        }
+    }
+    ks
+}
+
+/// The widths and precisions this CPU runs: quad order needs 8 lanes or more.
+fn configs() -> Vec<(usize, Precision)> {
+    let host = HostCpu::detect();
+    let mut out: Vec<(usize, Precision)> = [16, 8]
+        .into_iter()
+        .filter(|&l| l <= host.f32_lanes())
+        .map(|l| (l, Precision::Exact))
+        .collect();
+    if host.f32_lanes() >= 16 && host.features.iter().any(|f| f == "avx512_bf16") {
+        out.push((16, Precision::Bf16));
+    }
+    out
+}
+
+/// Calls `kernel` on a copy of `x` and weights `ws` (one matrix, or gate and up) for `rows`
+/// rows, returning the bits of its `ys` outputs.
+fn run(lib: &TestLib, kernel: &Kernel, x: &[f32], ws: &mut [Vec<u8>], ys: usize, n: usize, rows: usize) -> Vec<u32> {
+    let mut x = x.to_vec();
+    let mut outs: Vec<Vec<f32>> = (0..ys).map(|_| vec![0f32; ROWS * n]).collect();
+    let mut args = vec![ptr(&mut x)];
+    let (w0, rest) = ws.split_first_mut().expect("a weight");
+    let (o0, orest) = outs.split_first_mut().expect("an output");
+    args.push(ptr(w0));
+    args.push(ptr(o0));
+    if let (Some(w1), Some(o1)) = (rest.first_mut(), orest.first_mut()) {
+        args.push(ptr(w1));
+        args.push(ptr(o1));
+    }
+    lib.call(kernel, &args, rows, 2);
+    outs.iter()
+        .flat_map(|o| o[..rows * n].iter().map(|v| v.to_bits()))
+        .collect()
+}
+
+#[test]
+fn grouped_weights_give_the_row_major_bits() {
+    for (lanes, precision) in configs() {
+        let options = CompileOptions {
+            precision,
+            ..CompileOptions::new(ROWS, lanes)
+        };
+        let lib = TestLib::build(&suite(precision), &options, None);
+        let mut rng = Rng(0x960a + lanes as u64);
+        for (n, k) in SHAPES {
+            for dt in DTYPES
+                .into_iter()
+                .filter(|&d| precision != Precision::Bf16 || d == DType::BF16)
+            {
+                let what = format!("{dt} n {n} k {k}, {lanes} lanes, {precision:?}");
+                let x = rng.vec(ROWS * k);
+                let (wg, _) = weights(&mut rng, n * k, dt);
+                let (wu, _) = weights(&mut rng, n * k, dt);
+                let packed = |w: &[u8]| {
+                    let mut p = vec![0u8; w.len()];
+                    pack(w, &mut p, dt.bytes_for(k));
+                    p
+                };
+                let (pg, pu) = (packed(&wg), packed(&wu));
+                for (max_rows, rows) in [(ROWS, ROWS), (ROWS, 5), (8, 1), (8, 5)] {
+                    let (plain, grouped) = (matmul(n, k, dt, max_rows, false), matmul(n, k, dt, max_rows, true));
+                    let want = run(&lib, &plain, &x, &mut [wg.clone()], 1, n, rows);
+                    let got = run(&lib, &grouped, &x, &mut [pg.clone()], 1, n, rows);
+                    assert_eq!(got, want, "{what}: matmul of {rows} rows (block {max_rows})");
+                }
+                for rows in [1, 5] {
+                    let want = run(
+                        &lib,
+                        &gate_up(n, k, dt, false),
+                        &x,
+                        &mut [wg.clone(), wu.clone()],
+                        2,
+                        n,
+                        rows,
+                    );
+                    let got = run(
+                        &lib,
+                        &gate_up(n, k, dt, true),
+                        &x,
+                        &mut [pg.clone(), pu.clone()],
+                        2,
+                        n,
+                        rows,
+                    );
+                    assert_eq!(got, want, "{what}: gate_up of {rows} rows");
+                }
+            }
+        }
+    }
+}
