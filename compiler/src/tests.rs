@@ -21,6 +21,23 @@ mod q8;
 mod quant;
 mod recurrent;
 
+/// A matmul over `wdtype` weights with nothing around it: no bias, norm, activation, soft cap
+/// or accumulation.
+fn plain_matmul(n: usize, k: usize, wdtype: DType, max_rows: usize, grouped: bool) -> Kernel {
+    Kernel::MatMul {
+        n,
+        k,
+        wdtype,
+        bias: None,
+        accumulate: false,
+        norm: None,
+        act: None,
+        softcap: None,
+        max_rows,
+        grouped,
+    }
+}
+
 const H: usize = 64;
 const I: usize = 136;
 const HEADS: usize = 4;

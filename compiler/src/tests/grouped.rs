@@ -4,7 +4,7 @@
 //! quad-order width and, where the CPU has AVX512-BF16, in `--precision bf16`. Shapes: `k` of
 //! several prefill panel chunks, and `n` past one prefill block and not a multiple of it.
 
-use super::{Rng, TestLib, ptr, weights};
+use super::{Rng, TestLib, plain_matmul as matmul, ptr, weights};
 use kiln_core::grouped::pack;
 use kiln_core::{Act, CompileOptions, DType, HostCpu, Kernel, Precision};
 
@@ -13,21 +13,6 @@ const ROWS: usize = 13;
 /// (n, k): whole groups of whole lines, as the spec groups them.
 const SHAPES: [(usize, usize); 3] = [(40, 96), (48, 4160), (16, 1024)];
 const DTYPES: [DType; 2] = [DType::BF16, DType::F16];
-
-fn matmul(n: usize, k: usize, wdtype: DType, max_rows: usize, grouped: bool) -> Kernel {
-    Kernel::MatMul {
-        n,
-        k,
-        wdtype,
-        bias: None,
-        accumulate: false,
-        norm: None,
-        act: None,
-        softcap: None,
-        max_rows,
-        grouped,
-    }
-}
 
 fn gate_up(n: usize, k: usize, dtype: DType, grouped: bool) -> Kernel {
     Kernel::GateUp {

@@ -25,18 +25,7 @@ fn matmul(max_rows: usize) -> Kernel {
 }
 
 fn matmul_nk(n: usize, k: usize, max_rows: usize) -> Kernel {
-    Kernel::MatMul {
-        n,
-        k,
-        wdtype: DType::BF16,
-        bias: None,
-        accumulate: false,
-        norm: None,
-        act: None,
-        softcap: None,
-        max_rows,
-        grouped: false,
-    }
+    super::plain_matmul(n, k, DType::BF16, max_rows, false)
 }
 
 fn bf16_options() -> CompileOptions {

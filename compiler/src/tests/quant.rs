@@ -440,18 +440,9 @@ fn quant_speed() {
     let kernels: Vec<Kernel> = [1, rows]
         .into_iter()
         .flat_map(|max_rows| {
-            types.iter().map(move |&wdtype| Kernel::MatMul {
-                n,
-                k,
-                wdtype,
-                bias: None,
-                accumulate: false,
-                norm: None,
-                act: None,
-                softcap: None,
-                max_rows,
-                grouped: false,
-            })
+            types
+                .iter()
+                .map(move |&wdtype| super::plain_matmul(n, k, wdtype, max_rows, false))
         })
         .collect();
     // 8 lanes measure what an AVX2 machine runs: its instruction set and its 16 registers.
@@ -480,18 +471,7 @@ fn quant_speed() {
         };
         let mut line = format!("{dtype:>5}:");
         for max_rows in [1, rows] {
-            let kernel = Kernel::MatMul {
-                n,
-                k,
-                wdtype: dtype,
-                bias: None,
-                accumulate: false,
-                norm: None,
-                act: None,
-                softcap: None,
-                max_rows,
-                grouped: false,
-            };
+            let kernel = super::plain_matmul(n, k, dtype, max_rows, false);
             let mut x = rng.vec(max_rows * k);
             let mut y = vec![0f32; max_rows * n];
             let ptrs = [ptr(&mut x), w.as_mut_ptr(), ptr(&mut y)];
@@ -558,20 +538,17 @@ fn decode_sweep() {
     // kernels' own rate, as a machine with faster memory would see it.
     let mib: usize = super::env_usize("KILN_SWEEP_MIB").unwrap_or(384);
     let n = (mib << 20) / dtype.bytes_for(k) / 64 * 64;
-    let kernel = Kernel::MatMul {
+    let kernel = super::plain_matmul(
         n,
         k,
-        wdtype: dtype,
-        bias: None,
-        accumulate: false,
-        norm: None,
-        act: None,
-        softcap: None,
+        dtype,
         // `KILN_SWEEP_MAX_ROWS=8` measures the batched-decode kernels the engine builds, on a
         // one-row call as a single sequence's decode makes.
-        max_rows: super::env_usize("KILN_SWEEP_MAX_ROWS").unwrap_or(1),
-        grouped: super::env_usize("KILN_SWEEP_GROUPED") == Some(1),
-    };
+        super::env_usize("KILN_SWEEP_MAX_ROWS").unwrap_or(1),
+        // `KILN_SWEEP_GROUPED=1`: the row-grouped layout (`kiln_core::grouped`), read from the
+        // same bytes (the rate does not depend on their values).
+        super::env_usize("KILN_SWEEP_GROUPED") == Some(1),
+    );
     let probe = Kernel::ProbeRead {
         elems: n * dtype.bytes_for(k) / 4,
     };
