@@ -169,7 +169,7 @@ fn compiled(row: &Row, host: &HostCpu, cache: &Cache) -> Compiled {
     };
     // As a run with the default options prepares it (`PreparedModel`).
     let options = compile_options(host, None);
-    spec.group_rows(options.f32_lanes, kiln_core::budget::physical_memory());
+    crate::session::group_rows(&mut spec, &options);
     let key = cache_key(&spec, &options, host);
     let compiled = match cache.lookup(&key) {
         Ok(Lookup::Hit(_)) => Some(true),

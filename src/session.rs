@@ -22,7 +22,7 @@ use std::time::Instant;
 
 mod options;
 use options::engine_config;
-pub use options::{BuildChoices, OpenOptions, at_least_one, cache_key, compile_options};
+pub use options::{BuildChoices, OpenOptions, at_least_one, cache_key, compile_options, group_rows};
 
 /// File name of the library inside a cache entry.
 pub const LIBRARY_NAME: &str = "libkiln.so";
@@ -286,12 +286,10 @@ impl PreparedModel {
         if let Some(elem) = opts.kv_dtype {
             spec.set_kv_elem(elem);
         }
-        // Matrices decode reads in row groups (`kiln_core::grouped`), repacked by the engine at
-        // load; part of the spec, hence of the cache key. Not under a budget, which streams
-        // weights as stored.
+        // The row-grouped tensors are part of the spec, hence of the cache key.
         if opts.ram_budget.is_none() {
-            let lanes = opts.compile_options(&HostCpu::detect(), &spec)?.f32_lanes;
-            spec.group_rows(lanes, kiln_core::budget::physical_memory());
+            let options = opts.compile_options(&HostCpu::detect(), &spec)?;
+            group_rows(&mut spec, &options);
         }
         let mut weights = m.weights;
         if std::env::var_os("KILN_RESIDENT").is_some_and(|v| v == "1") && opts.ram_budget.is_none() {

@@ -117,6 +117,14 @@ pub(super) fn engine_config(opts: &OpenOptions) -> EngineConfig {
     }
 }
 
+/// Marks the tensors the kernels compiled with `options` read in row groups
+/// (`kiln_core::grouped`: the gate and up projections, repacked by the engine at load), as
+/// every command that keys or opens a model must, or its cache key would differ. Not for a
+/// `--ram-budget` run, which streams weights as stored.
+pub fn group_rows(spec: &mut ModelSpec, options: &CompileOptions) {
+    spec.group_rows(options.f32_lanes, kiln_core::budget::physical_memory());
+}
+
 /// The compile options for `spec` on this host.
 pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOptions {
     let mut options = CompileOptions::for_host(host);
