@@ -1,62 +1,113 @@
-//! The gate and up projections of a gated MLP read in *row groups*: each group of
-//! [`GROUP_ROWS`] rows is stored as one run of interleaved cache lines (line 0 of each row of
-//! the group, then line 1 of each, ...), so the rows a decode step walks together are one
-//! sequential stream and decode's fused `gate_up` kernel reads two such streams per thread,
-//! with no software prefetch.
+//! The gate and up projections of a gated MLP, in bf16 or f16, read in *row groups*: each
+//! group of [`GROUP_ROWS`] rows is stored as one run of *octet blocks* (the 8 elements `k..k + 8` of each of the group's rows,
+//! 256 bytes), each row's octet a 16-byte *piece* whose elements sit in the order the kernels
+//! consume them ([`PieceOrder`]). One aligned load of `O` consecutive pieces is then a quad-order
+//! operand of `O` outputs (`compiler/src/emit/matmul/quad.rs`) after at most a shift and a mask,
+//! and a decode step over a group is one sequential stream.
 //!
-//! Why: decode in quad order (`compiler/src/emit/matmul/quad.rs`) walks a few weight rows side
-//! by side, a cache line of each per step. Stored row-major, those are as many streams a row
-//! apart, which the hardware prefetchers do not follow (two threads reading a line of each of
-//! 4 rows at a time with plain loads: 23 GB/s where one sequential stream read 54), so decode
-//! prefetches every line in software, and the prefetches cost bandwidth themselves (a
-//! sequential stream with one per line: 43 GB/s; four interleaved rows with them: 41). (2-core
-//! AMD EPYC Zen 4, 2 pinned threads, AVX-512 loads from a 512 MiB huge-page buffer, 1792-byte
-//! rows as the 0.5B shape's; 4 KiB and 9.5 KiB rows alike.) Four rows also cap the exact
-//! form's FMA chains (in L3, 2 threads: 44 GB/s median with 4 rows, 58 with 8), so a group
-//! holds 8 rows: one step, one stream, twice the chains.
+//! Why: decode in quad order sums each output's four phases as four sequential FMA chains, so
+//! a step that walks few rows is bound by the FMA latency, and reading rows row-major needs
+//! transposes (two 16-byte-block shuffles and four widening shuffles per 64 bytes) and a
+//! software prefetch per line of each row (rows a row apart are streams the hardware
+//! prefetchers do not follow). Row-major, the exact form read 44 GB/s (4 rows a step) and 58
+//! (8 rows) from L3 on 2 threads of a 2-core AMD EPYC Zen 4, below its ~55-65 GB/s memory in
+//! the fast phase. In this layout a step of 16 rows (four 512-bit chains) takes per octet four
+//! loads, four shifts, four masks and eight FMAs: 163-170 GB/s median from L3 and L2 in a C
+//! model of the loop (256-bit vectors, eight chains: 95-99). In the model the 16-row groups
+//! read as the 8-row line groups before them did (Qwen2.5-0.5B shape, `gate_up` 47-57 GB/s
+//! in the fast phase either way, interleaved runs): there memory, not the loop, sets the pace;
+//! the headroom is for machines whose memory outruns the old loop (a Zen 5 EPYC's ~85 GB/s
+//! fast phase against its ~70 GB/s row-major cap).
 //!
-//! Measured in the model (Qwen2.5-0.5B shape, bf16, 2 threads, same machine, interleaved
-//! runs, each over the read probe right after it): the `gate_up` kernel read 96-103 % of the
-//! probe against 69-80 % row-major in the fast memory phase (~56-62 GB/s), 94-101 % against
-//! 80-92 % in the slow one (~33-36 GB/s); decode 48.9-51.2 against 44.4-47.5 tok/s and
-//! 30.1-31.1 against 29.2 tok/s. The single-matrix decode matmuls did not gain: grouped
-//! (8 rows, with or without a prefetch per step, or walking two halves of a share side by
-//! side) their rows read 63-71 % of the fast probe against 73-78 % row-major, so they stay
-//! row-major.
-//!
-//! The kernels compute the same products in the same order either way (only addresses
-//! change), so results are bitwise those of the row-major layout. The engine repacks the
-//! tensors [`ModelSpec::group_rows`] marks once, at load ([`pack`]).
+//! The kernels compute the same products in the same order as from row-major rows (only
+//! addresses and shuffles change), so results are bitwise those of the row-major layout. The
+//! engine repacks the tensors [`ModelSpec::group_rows`] marks once, at load ([`pack`]).
 
+use crate::Precision;
 use crate::dtype::DType;
 use crate::graph::OpKind;
 use crate::spec::{BufId, ModelSpec, Role, WeightId};
+use serde::{Deserialize, Serialize};
 
-/// Rows per group: the rows one decode step walks together in quad order (two 8-lane
-/// vectors of two rows each).
-pub const GROUP_ROWS: usize = 8;
+/// Rows per group: the rows one decode step walks (four 512-bit vectors of four outputs).
+pub const GROUP_ROWS: usize = 16;
 
-/// Bytes of a row per step of the interleave: one cache line.
-pub const LINE_BYTES: usize = 64;
+/// Elements of a row per piece: two quads of `k`.
+pub const OCTET: usize = 8;
 
-/// Where byte `byte` of row `row` (of rows `row_bytes` long) lies in the grouped layout.
-pub fn offset(row: usize, byte: usize, row_bytes: usize) -> usize {
-    let (group, o) = (row / GROUP_ROWS, row % GROUP_ROWS);
-    group * GROUP_ROWS * row_bytes + byte / LINE_BYTES * GROUP_ROWS * LINE_BYTES + o * LINE_BYTES + byte % LINE_BYTES
+/// How a piece holds a row's octet `w[k..k + 8]`, chosen by what the kernels do with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PieceOrder {
+    /// bf16 widened to f32: 32-bit word `p` holds `(w[k + p], w[k + 4 + p])`, so a left shift
+    /// by 16 gives the quad `k..k + 4` and a mask of the high half the quad `k + 4..k + 8`.
+    Widen,
+    /// bf16 multiplied in `vdpbf16ps` pairs (`--precision bf16`): the octet as stored.
+    Pairs,
+    /// f16 widened by `vcvtph2ps`: groups of 4 rows hold their first quads side by side, then
+    /// their second quads, so each conversion reads 4 (or 2) rows' quads in a row.
+    Quads,
 }
 
-/// Writes the whole groups of row-major `src` into `dst` in the grouped layout. Both hold the
-/// same number of bytes, a multiple of `GROUP_ROWS * row_bytes`; `row_bytes` is a multiple of
-/// [`LINE_BYTES`].
-pub fn pack(src: &[u8], dst: &mut [u8], row_bytes: usize) {
-    let group_bytes = GROUP_ROWS * row_bytes;
-    assert!(row_bytes.is_multiple_of(LINE_BYTES) && src.len().is_multiple_of(group_bytes));
+/// `k` elements a `--precision bf16` kernel rounds and multiplies per step: rows must hold whole
+/// steps for the pairs to apply.
+pub const PAIR_STEP: usize = 32;
+
+/// Whether a matmul over `k`-long rows of `dtype`, compiled with `f32_lanes`-wide vectors at
+/// `precision`, multiplies in `vdpbf16ps` pairs (bf16 weights, 512-bit vectors, whole
+/// [`PAIR_STEP`]s) rather than widening its weights: the compiler's choice, which the layout
+/// of a row-grouped matrix must follow.
+pub fn multiplies_in_pairs(dtype: DType, k: usize, f32_lanes: usize, precision: Precision) -> bool {
+    precision == Precision::Bf16 && dtype == DType::BF16 && f32_lanes >= 16 && k.is_multiple_of(PAIR_STEP)
+}
+
+impl PieceOrder {
+    /// The order for weights of `dtype` multiplied in pairs (`pairs`, [`multiplies_in_pairs`])
+    /// or widened; `None` where row groups do not apply.
+    pub fn for_weights(dtype: DType, pairs: bool) -> Option<PieceOrder> {
+        match dtype {
+            DType::BF16 if pairs => Some(PieceOrder::Pairs),
+            DType::BF16 => Some(PieceOrder::Widen),
+            DType::F16 if !pairs => Some(PieceOrder::Quads),
+            _ => None,
+        }
+    }
+
+    /// Where element `e` of row `r`'s octet lies in its group's octet block.
+    pub fn within(self, r: usize, e: usize) -> usize {
+        match self {
+            PieceOrder::Widen => r * OCTET + if e < 4 { 2 * e } else { 2 * (e - 4) + 1 },
+            PieceOrder::Pairs => r * OCTET + e,
+            PieceOrder::Quads => r / 4 * 32 + e / 4 * 16 + r % 4 * 4 + e % 4,
+        }
+    }
+}
+
+/// Where element `k` of row `row` (of rows `row_elems` long) lies in the grouped layout, in
+/// elements from the start of the matrix.
+pub fn offset(order: PieceOrder, row: usize, k: usize, row_elems: usize) -> usize {
+    let (group, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+    group * GROUP_ROWS * row_elems + k / OCTET * GROUP_ROWS * OCTET + order.within(r, k % OCTET)
+}
+
+/// Writes the whole groups of row-major `src` (2-byte elements, rows `row_elems` long, a
+/// multiple of [`OCTET`]) into `dst` in the grouped layout. Both hold the same number of bytes,
+/// a multiple of a group's.
+pub fn pack(order: PieceOrder, src: &[u8], dst: &mut [u8], row_elems: usize) {
+    let group_bytes = GROUP_ROWS * row_elems * 2;
+    assert!(row_elems.is_multiple_of(OCTET) && src.len().is_multiple_of(group_bytes));
     assert_eq!(src.len(), dst.len());
+    let at: Vec<usize> = (0..GROUP_ROWS * OCTET)
+        .map(|i| order.within(i / OCTET, i % OCTET) * 2)
+        .collect();
     for (s, d) in src.chunks_exact(group_bytes).zip(dst.chunks_exact_mut(group_bytes)) {
-        for (line, out) in d.chunks_exact_mut(GROUP_ROWS * LINE_BYTES).enumerate() {
-            for (o, piece) in out.chunks_exact_mut(LINE_BYTES).enumerate() {
-                let at = o * row_bytes + line * LINE_BYTES;
-                piece.copy_from_slice(&s[at..at + LINE_BYTES]);
+        for (j, block) in d.chunks_exact_mut(GROUP_ROWS * OCTET * 2).enumerate() {
+            for r in 0..GROUP_ROWS {
+                let piece = &s[(r * row_elems + j * OCTET) * 2..][..OCTET * 2];
+                for e in 0..OCTET {
+                    let to = at[r * OCTET + e];
+                    block[to..to + 2].copy_from_slice(&piece[e * 2..e * 2 + 2]);
+                }
             }
         }
     }
@@ -64,12 +115,13 @@ pub fn pack(src: &[u8], dst: &mut [u8], row_bytes: usize) {
 
 impl ModelSpec {
     /// Marks every tensor that kernels with `f32_lanes`-wide vectors can read in row groups
-    /// ([`ModelSpec::groupable`]); returns how many. The copies are made in memory beside the
-    /// mapped weights, so none is marked unless the weights and the copies fit in three
-    /// quarters of `memory` bytes (0: unknown), where the page cache would not have to evict
-    /// weights to hold them. The caller decides whether the weights stay in memory at all
-    /// (`--ram-budget` streams them as stored, so it groups none).
-    pub fn group_rows(&mut self, f32_lanes: usize, memory: u64) -> usize {
+    /// ([`ModelSpec::groupable`]) with the [`PieceOrder`] kernels compiled at `precision`
+    /// read; returns how many. The copies are made in memory beside the mapped
+    /// weights, so none is marked unless the weights and the copies fit in three quarters of
+    /// `memory` bytes (0: unknown), where the page cache would not have to evict weights to
+    /// hold them. The caller decides whether the weights stay in memory at all (`--ram-budget`
+    /// streams them as stored, so it groups none).
+    pub fn group_rows(&mut self, f32_lanes: usize, precision: Precision, memory: u64) -> usize {
         let ids: Vec<WeightId> = self
             .weight_ids()
             .map(|(id, _)| id)
@@ -81,22 +133,33 @@ impl ModelSpec {
             return 0;
         }
         for &id in &ids {
-            self.weights[id.0 as usize].grouped_rows = true;
+            let t = &mut self.weights[id.0 as usize];
+            let pairs = multiplies_in_pairs(t.dtype, t.shape[1], f32_lanes, precision);
+            t.row_groups = PieceOrder::for_weights(t.dtype, pairs);
         }
         ids.len()
     }
 
     /// Whether tensor `id` is read in row groups: a bf16 or f16 matrix of whole groups of
-    /// whole lines, read in quad order (vectors of 8 lanes or more), only as the weight of
+    /// whole octets, read in quad order (vectors of 8 lanes or more), only as the weight of
     /// linear operations whose views start and end on a group and whose outputs are the gate
     /// or the up input of a gated activation (what decode fuses into `gate_up`).
+    ///
+    /// Only those: grouping every large matrix as well (down, and on Qwen3.5 the DeltaNet and
+    /// attention projections, at least 4 MiB each) cost 0.16 s more start (0.27 -> 0.43 s to a
+    /// one-token answer on the Qwen3.5-0.8B shape, Zen 4) and 0.63 GB more memory, for a gain
+    /// the machine's bandwidth phases hid in the model (down 47-52 GB/s either way); the
+    /// 896 x 896 projections of the 0.5B shape read slower grouped (27-28 GB/s against 36-39:
+    /// short streams, no software prefetch running ahead). Streamed alone, a 384 MiB matrix
+    /// read 96-103 % of the read probe grouped against 92-94 % row-major (`decode_sweep`, k
+    /// 896 and 4864, medians of 30 rounds, mostly the slow phase).
     pub fn groupable(&self, id: WeightId, f32_lanes: usize) -> bool {
         let t = self.weight(id);
         let shaped = t.role == Role::Matrix
             && matches!(t.dtype, DType::BF16 | DType::F16)
             && t.shape.len() == 2
             && t.shape[0].is_multiple_of(GROUP_ROWS)
-            && t.row_bytes().is_multiple_of(LINE_BYTES);
+            && t.shape[1].is_multiple_of(OCTET);
         if !shaped || f32_lanes < 8 {
             return false;
         }
@@ -165,7 +228,7 @@ mod tests {
     fn grouped_names(spec: &ModelSpec) -> Vec<String> {
         spec.weights
             .iter()
-            .filter(|t| t.grouped_rows)
+            .filter(|t| t.row_groups.is_some())
             .map(|t| t.name.clone())
             .collect()
     }
@@ -175,7 +238,7 @@ mod tests {
     #[test]
     fn only_gate_and_up_projections_are_grouped() {
         let mut spec = qwen25(DType::BF16, 4864);
-        assert_eq!(spec.group_rows(16, 0), 4);
+        assert_eq!(spec.group_rows(16, Precision::Exact, 0), 4);
         let names = grouped_names(&spec);
         assert!(
             names
@@ -183,6 +246,7 @@ mod tests {
                 .all(|n| n.ends_with("mlp.gate_proj.weight") || n.ends_with("mlp.up_proj.weight")),
             "{names:?}"
         );
+        assert!(spec.weights.iter().all(|t| t.row_groups != Some(PieceOrder::Pairs)));
         // The kernels that read them say so: decode's fused gate_up and prefill's matmuls.
         let gate_up = decode_graph(&spec)
             .steps
@@ -199,54 +263,106 @@ mod tests {
     }
 
     /// Nothing is grouped where the kernels would not read quad order (4-lane vectors), for
-    /// f32 or quantised weights, or for rows that do not fill whole groups.
+    /// f32 or quantised weights, or for rows that do not fill whole groups and octets; f16
+    /// rows are converted by quads, and `--precision bf16` pairs take the pieces as stored.
     #[test]
     fn groups_need_half_precision_quad_order_and_whole_groups() {
-        assert_eq!(qwen25(DType::BF16, 4864).group_rows(4, 0), 0);
-        assert_eq!(qwen25(DType::F32, 4864).group_rows(16, 0), 0);
-        assert_eq!(qwen25(DType::Q8_0, 4864).group_rows(16, 0), 0);
-        assert_eq!(qwen25(DType::BF16, 4868).group_rows(16, 0), 0);
-        assert_eq!(qwen25(DType::F16, 4864).group_rows(8, 0), 4);
+        let groups = |dtype, intermediate, lanes, precision, memory| {
+            qwen25(dtype, intermediate).group_rows(lanes, precision, memory)
+        };
+        assert_eq!(groups(DType::BF16, 4864, 4, Precision::Exact, 0), 0);
+        assert_eq!(groups(DType::F32, 4864, 16, Precision::Exact, 0), 0);
+        assert_eq!(groups(DType::Q8_0, 4864, 16, Precision::Exact, 0), 0);
+        assert_eq!(groups(DType::BF16, 4868, 16, Precision::Exact, 0), 0);
+        assert_eq!(groups(DType::F16, 4864, 8, Precision::Exact, 0), 4);
+        let mut f16 = qwen25(DType::F16, 4864);
+        f16.group_rows(16, Precision::Bf16, 0);
+        let mut bf16 = qwen25(DType::BF16, 4864);
+        bf16.group_rows(16, Precision::Bf16, 0);
+        let orders = |s: &ModelSpec| s.weights.iter().filter_map(|t| t.row_groups).collect::<Vec<_>>();
+        assert!(orders(&f16).iter().all(|&o| o == PieceOrder::Quads));
+        assert!(orders(&bf16).iter().all(|&o| o == PieceOrder::Pairs));
         // Two layers of the 0.5B shape and its token table hold ~0.33 GB, their gate and up
         // projections ~0.035 GB.
-        assert_eq!(qwen25(DType::BF16, 4864).group_rows(16, 512 << 20), 4);
+        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 4);
         assert_eq!(
-            qwen25(DType::BF16, 4864).group_rows(16, 256 << 20),
+            groups(DType::BF16, 4864, 16, Precision::Exact, 256 << 20),
             0,
             "no room for the copies"
         );
     }
 
-    /// `pack` puts every byte where `offset` says, and nowhere else (a permutation).
+    /// The pairs apply exactly where the compiler multiplies in pairs: bf16 weights, 512-bit
+    /// vectors, whole steps of 32.
     #[test]
-    fn pack_places_each_byte_at_its_offset() {
-        let (rows, row_bytes) = (8, 192);
-        let src: Vec<u8> = (0..rows * row_bytes).map(|i| (i * 7 % 251) as u8).collect();
-        let mut dst = vec![0u8; src.len()];
-        pack(&src, &mut dst, row_bytes);
-        let mut seen = vec![false; src.len()];
-        for r in 0..rows {
-            for c in 0..row_bytes {
-                let at = offset(r, c, row_bytes);
-                assert_eq!(dst[at], src[r * row_bytes + c], "row {r} byte {c}");
-                assert!(!seen[at], "two bytes at {at}");
-                seen[at] = true;
-            }
-        }
-        // A group's first line holds line 0 of each of its rows, in row order.
-        assert_eq!(&dst[64..128], &src[row_bytes..row_bytes + 64]);
+    fn pairs_need_bf16_wide_vectors_and_whole_steps() {
+        assert!(multiplies_in_pairs(DType::BF16, 896, 16, Precision::Bf16));
+        assert!(!multiplies_in_pairs(DType::BF16, 896, 16, Precision::Exact));
+        assert!(!multiplies_in_pairs(DType::BF16, 896, 8, Precision::Bf16));
+        assert!(!multiplies_in_pairs(DType::BF16, 904, 16, Precision::Bf16));
+        assert!(!multiplies_in_pairs(DType::F16, 896, 16, Precision::Bf16));
     }
 
-    /// A group of rows occupies the same bytes in both layouts, so a view that starts on a
-    /// group starts at the same byte.
+    const ORDERS: [PieceOrder; 3] = [PieceOrder::Widen, PieceOrder::Pairs, PieceOrder::Quads];
+
+    /// `pack` puts every element where `offset` says, and nowhere else (a permutation), and a
+    /// group of rows keeps the elements it held row-major, so a view that starts on a group
+    /// starts at the same element.
     #[test]
-    fn groups_keep_their_byte_range() {
-        let row_bytes = 128;
-        for r in 0..12 {
-            for c in 0..row_bytes {
-                let group = r / GROUP_ROWS * GROUP_ROWS * row_bytes;
-                let at = offset(r, c, row_bytes);
-                assert!((group..group + GROUP_ROWS * row_bytes).contains(&at));
+    fn pack_places_each_element_at_its_offset() {
+        let (rows, k) = (2 * GROUP_ROWS, 24);
+        let src: Vec<u16> = (0..rows * k).map(|i| i as u16).collect();
+        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for order in ORDERS {
+            let mut dst = vec![0u8; bytes.len()];
+            pack(order, &bytes, &mut dst, k);
+            let got: Vec<u16> = dst.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+            let mut seen = vec![false; got.len()];
+            for r in 0..rows {
+                for c in 0..k {
+                    let at = offset(order, r, c, k);
+                    assert_eq!(got[at], src[r * k + c], "{order:?}: row {r} element {c}");
+                    assert!(!seen[at], "{order:?}: two elements at {at}");
+                    seen[at] = true;
+                    let group = r / GROUP_ROWS * GROUP_ROWS * k;
+                    assert!((group..group + GROUP_ROWS * k).contains(&at));
+                }
+            }
+        }
+    }
+
+    /// What the kernels load: an octet's pieces of `O` rows from a multiple of `O` (2 or 4)
+    /// lie side by side, and in each order one load of them is the quad-order operand (words
+    /// `(k + p, k + 4 + p)` per row for the shift and the mask; the octet as stored for the
+    /// pairs; for quads, the rows' first quads, then their second quads).
+    #[test]
+    fn an_octet_of_aligned_rows_is_one_quad_order_operand() {
+        let k = 16;
+        for order in ORDERS {
+            for (o_n, row0) in [(4, 4), (2, 6), (4, 12)] {
+                let base = offset(order, row0, 8, k);
+                let want: Vec<(usize, usize)> = match order {
+                    PieceOrder::Widen => (0..o_n)
+                        .flat_map(|o| (0..4).flat_map(move |p| [(o, p), (o, p + 4)]))
+                        .collect(),
+                    PieceOrder::Pairs => (0..o_n).flat_map(|o| (0..8).map(move |e| (o, e))).collect(),
+                    PieceOrder::Quads => (0..2)
+                        .flat_map(|h| (0..o_n).flat_map(move |o| (0..4).map(move |p| (o, 4 * h + p))))
+                        .collect(),
+                };
+                for (i, (o, e)) in want.into_iter().enumerate() {
+                    // Quads leave the other pair of rows' quads between the halves when O = 2.
+                    let i = if order == PieceOrder::Quads && i >= 4 * o_n {
+                        i - 4 * o_n + 16
+                    } else {
+                        i
+                    };
+                    assert_eq!(
+                        offset(order, row0 + o, 8 + e, k),
+                        base + i,
+                        "{order:?} O {o_n} row {o} element {e}"
+                    );
+                }
             }
         }
     }

@@ -121,12 +121,12 @@ pub struct Tensor {
     /// The decoder layer it belongs to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<usize>,
-    /// Read by the kernels in row groups ([`crate::grouped`]): the engine repacks it at load so
-    /// that each group of [`crate::grouped::GROUP_ROWS`] rows is one stream of interleaved
-    /// cache lines. Set by [`ModelSpec::group_rows`]; absent from the serialised spec (and so
-    /// from the cache key) when not set.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub grouped_rows: bool,
+    /// Read by the kernels in row groups ([`crate::grouped`]), pieces in this order: the engine
+    /// repacks it at load so that each group of [`crate::grouped::GROUP_ROWS`] rows is one run
+    /// of octet blocks. Set by [`ModelSpec::group_rows`]; absent from the serialised spec (and
+    /// so from the cache key) when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_groups: Option<crate::grouped::PieceOrder>,
 }
 
 impl Tensor {

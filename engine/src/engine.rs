@@ -212,7 +212,7 @@ impl Engine {
 
         // Weights the kernels read in row groups, repacked once (the streamer reads weights as
         // stored, so a streaming engine must have none).
-        let grouped = spec.weights.iter().any(|t| t.grouped_rows);
+        let grouped = spec.weights.iter().any(|t| t.row_groups.is_some());
         if grouped && config.ram_budget.is_some() {
             return Err(EngineError::Plan(
                 "row-grouped weights cannot be streamed under a RAM budget".to_string(),

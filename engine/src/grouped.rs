@@ -1,5 +1,5 @@
-//! The weights as kernels that read row groups see them: each tensor the spec marks
-//! `grouped_rows` repacked once, at load, into anonymous memory on huge pages
+//! The weights as kernels that read row groups see them: each tensor the spec marks with
+//! `row_groups` repacked once, at load, into anonymous memory on huge pages
 //! (`kiln_core::grouped` says why and what the layout is); every other tensor as the source
 //! holds it.
 //!
@@ -10,7 +10,7 @@
 
 use crate::buffers::AlignedBuf;
 use crate::engine::WeightSource;
-use kiln_core::grouped::{GROUP_ROWS, pack};
+use kiln_core::grouped::{GROUP_ROWS, PieceOrder, pack};
 use kiln_core::{ModelSpec, WeightId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +32,8 @@ struct Piece {
     src: *const u8,
     dst: *mut u8,
     len: usize,
-    row_bytes: usize,
+    row_elems: usize,
+    order: PieceOrder,
 }
 
 // SAFETY: a piece names bytes of a source tensor (read only, alive while the source lives)
@@ -43,30 +44,29 @@ unsafe impl Send for Piece {}
 unsafe impl Sync for Piece {}
 
 impl GroupedWeights {
-    /// `source` with the tensors `spec` marks `grouped_rows` repacked by `threads` threads;
+    /// `source` with the tensors `spec` marks with `row_groups` repacked by `threads` threads;
     /// `source` itself when it marks none.
     pub fn wrap(
         spec: &ModelSpec,
         source: Arc<dyn WeightSource>,
         threads: usize,
     ) -> Result<Arc<dyn WeightSource>, String> {
-        let marked: Vec<WeightId> = spec
+        let marked: Vec<(WeightId, PieceOrder)> = spec
             .weight_ids()
-            .filter(|(_, t)| t.grouped_rows)
-            .map(|(id, _)| id)
+            .filter_map(|(id, t)| Some((id, t.row_groups?)))
             .collect();
         if marked.is_empty() {
             return Ok(source);
         }
         let mut grouped = HashMap::new();
         let mut pieces = Vec::new();
-        for id in marked {
+        for (id, order) in marked {
             let t = spec.weight(id);
             let (bytes, row_bytes) = (t.bytes(), t.row_bytes());
             let group_bytes = GROUP_ROWS * row_bytes;
-            if !bytes.is_multiple_of(group_bytes) {
+            if t.dtype.size() != 2 || !bytes.is_multiple_of(group_bytes) {
                 return Err(format!(
-                    "tensor {} is marked for row groups but has partial groups",
+                    "tensor {} is marked for row groups but is not 2-byte elements in whole groups",
                     t.name
                 ));
             }
@@ -79,7 +79,8 @@ impl GroupedWeights {
                     src: src.wrapping_add(at),
                     dst: buf.as_mut_ptr().wrapping_add(at),
                     len: per.min(bytes - at),
-                    row_bytes,
+                    row_elems: row_bytes / 2,
+                    order,
                 });
             }
             grouped.insert(id, (buf, bytes));
@@ -99,7 +100,7 @@ impl GroupedWeights {
                                 std::slice::from_raw_parts_mut(p.dst, p.len),
                             )
                         };
-                        pack(src, dst, p.row_bytes);
+                        pack(p.order, src, dst, p.row_elems);
                     }
                 });
             }
@@ -157,7 +158,7 @@ mod tests {
     /// A Llama-shaped spec (SwiGLU MLP) with every matrix in bf16, grouped for 16 lanes.
     fn grouped_spec() -> ModelSpec {
         let config = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 136,
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 144,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "vocab_size": 96
         });
@@ -167,7 +168,11 @@ mod tests {
         for t in spec.weights.iter_mut().filter(|t| t.role == Role::Matrix) {
             t.dtype = DType::BF16;
         }
-        assert_eq!(spec.group_rows(16, 0), 4, "gate and up of two layers");
+        assert_eq!(
+            spec.group_rows(16, kiln_core::Precision::Exact, 0),
+            4,
+            "gate and up of two layers"
+        );
         spec
     }
 
@@ -187,8 +192,8 @@ mod tests {
         for (id, t) in spec.weight_ids() {
             let original = &bytes[id.0 as usize];
             let mut want = original.clone();
-            if t.grouped_rows {
-                pack(original, &mut want, t.row_bytes());
+            if let Some(order) = t.row_groups {
+                pack(order, original, &mut want, t.row_bytes() / 2);
                 assert_ne!(&want, original, "{}: packing moves bytes", t.name);
             }
             let ptr = wrapped.weight_ptr(id).expect("a pointer");
@@ -198,18 +203,18 @@ mod tests {
             let mut part = vec![0u8; 64];
             wrapped.read_range(id, 64, &mut part).expect("a range");
             assert_eq!(&part[..], &want[64..128], "{}: read_range", t.name);
-            if t.grouped_rows {
+            if t.row_groups.is_some() {
                 // The copy's buffer runs on to a whole huge page; the tensor ends before.
                 let past = wrapped.read_range(id, t.bytes() - 32, &mut part);
                 assert!(past.is_err(), "{}: a range past its end", t.name);
             }
         }
         let mut plain = spec.clone();
-        plain.weights.iter_mut().for_each(|t| t.grouped_rows = false);
+        plain.weights.iter_mut().for_each(|t| t.row_groups = None);
         let same = GroupedWeights::wrap(&plain, source.clone(), 2).expect("unchanged");
         let id = spec
             .weight_ids()
-            .find(|(_, t)| t.grouped_rows)
+            .find(|(_, t)| t.row_groups.is_some())
             .expect("a grouped tensor")
             .0;
         assert_eq!(same.weight_ptr(id).unwrap(), source.weight_ptr(id).unwrap());

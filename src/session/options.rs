@@ -122,7 +122,11 @@ pub(super) fn engine_config(opts: &OpenOptions) -> EngineConfig {
 /// every command that keys or opens a model must, or its cache key would differ. Not for a
 /// `--ram-budget` run, which streams weights as stored.
 pub fn group_rows(spec: &mut ModelSpec, options: &CompileOptions) {
-    spec.group_rows(options.f32_lanes, kiln_core::budget::physical_memory());
+    spec.group_rows(
+        options.f32_lanes,
+        options.precision,
+        kiln_core::budget::physical_memory(),
+    );
 }
 
 /// The compile options for `spec` on this host.

@@ -11,7 +11,7 @@
 //! values are bitwise those of the unfused prefill steps.
 //!
 //! Half-precision gate and up matrices are stored in row groups (`kiln_core::grouped`): the
-//! two streams are then sequential, read 8 rows a step with no software prefetch, at about
+//! two streams are then sequential, read 16 rows a step with no software prefetch, at about
 //! the read probe where the row-major four rows read 69-92 % of it.
 
 use super::Dyn;

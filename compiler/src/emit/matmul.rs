@@ -34,7 +34,7 @@ pub(super) use decode_shape::{decode_float_rows, with_decode_cols};
 
 use super::{Dyn, elementwise, quant, quant8, split_work};
 use crate::ir::{Kb, lanes_for};
-use kiln_core::{Act, DType, F32Bits, Kernel};
+use kiln_core::{Act, DType, F32Bits, Kernel, Precision};
 use melior::ir::Value;
 
 /// Largest prefill weight scratch (`nb * chunk * 4` bytes): a block's weight rows are widened
@@ -141,7 +141,7 @@ pub(super) fn with_layouts<'c, 'a>(
 }
 
 /// Elements one `vdpbf16ps` takes from each operand: 16 f32 lanes, each the sum of a pair.
-const PAIR_STEP: usize = 32;
+use kiln_core::grouped::PAIR_STEP;
 
 pub fn emit_matmul<'c, 'a>(
     b: Kb<'c, 'a>,
@@ -517,7 +517,12 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// Whether weights of `dtype` are multiplied in bf16 pairs: `--precision bf16`, bf16
     /// weights, 16-lane vectors (AVX-512) and `k` a whole number of pair steps.
     pub(super) fn pairs(&self, dtype: DType) -> bool {
-        self.bf16_pairs && dtype == DType::BF16 && self.lanes == 16 && self.k.is_multiple_of(PAIR_STEP)
+        let precision = if self.bf16_pairs {
+            Precision::Bf16
+        } else {
+            Precision::Exact
+        };
+        kiln_core::grouped::multiplies_in_pairs(dtype, self.k, self.lanes, precision)
     }
 }
 

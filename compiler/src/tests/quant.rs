@@ -559,9 +559,10 @@ fn decode_sweep() {
             .unwrap_or_default(),
         ..CompileOptions::new(ROWS, lanes)
     };
-    let libs: Vec<TestLib> = configs
+    let libs: Vec<(TestLib, Kernel)> = configs
         .iter()
         .map(|(r, p)| {
+            let mut grouped = false;
             // SAFETY: test-only; no other thread reads the environment while we compile.
             unsafe {
                 let mut fields = p.split(':');
@@ -572,16 +573,23 @@ fn decode_sweep() {
                 std::env::set_var("KILN_EXP_PF", near);
                 std::env::set_var("KILN_EXP_PF_FAR", far);
                 // A fourth field picks the float order: `dot` (the dot-product form), `dlN`
-                // (quad order, decode at N lanes), else quad order at the kernel's width.
+                // (quad order, decode at N lanes), `g` (quad order over the row-grouped
+                // layout, `kiln_core::grouped`: compare it with row-major rows in one run),
+                // else quad order at the kernel's width.
                 std::env::remove_var("KILN_EXP_NOQUAD");
                 std::env::remove_var("KILN_EXP_QDLANES");
                 match fields.next() {
                     Some("dot") => std::env::set_var("KILN_EXP_NOQUAD", "1"),
                     Some(dl) if dl.starts_with("dl") => std::env::set_var("KILN_EXP_QDLANES", &dl[2..]),
+                    Some("g") => grouped = true,
                     _ => {}
                 }
             }
-            TestLib::build(std::slice::from_ref(&kernel), &options, None)
+            let mut kernel = kernel.clone();
+            if let Kernel::MatMul { grouped: g, .. } = &mut kernel {
+                *g |= grouped;
+            }
+            (TestLib::build(std::slice::from_ref(&kernel), &options, None), kernel)
         })
         .collect();
     let mut rng = Rng(5);
@@ -623,7 +631,7 @@ fn decode_sweep() {
             }
         });
         probe_times.push(t.elapsed().as_secs_f64());
-        for (i, lib) in libs.iter().enumerate() {
+        for (i, (lib, kernel)) in libs.iter().enumerate() {
             if let Some(t) = &thrash {
                 let half = t.len() / 2;
                 let (a, c) = t.split_at(half);
@@ -641,7 +649,6 @@ fn decode_sweep() {
             let t = std::time::Instant::now();
             std::thread::scope(|s| {
                 for tid in 0..2i64 {
-                    let kernel = &kernel;
                     s.spawn(move || {
                         let f = lib.get(kernel);
                         let p = |i: usize| ptrs[i] as *mut u8;

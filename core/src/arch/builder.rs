@@ -127,7 +127,7 @@ impl Builder {
             layout,
             role,
             layer: self.layer,
-            grouped_rows: false,
+            row_groups: None,
         });
         WeightId(self.spec.weights.len() as u32 - 1)
     }

@@ -167,7 +167,7 @@ fn kernel_of(spec: &ModelSpec, unit: &Unit, max_rows: usize) -> (Kernel, Vec<Arg
                 norm: norm.map(|n| norm_shape(spec, n)),
                 act,
                 max_rows,
-                grouped: spec.weight(wg.id).grouped_rows,
+                grouped: spec.weight(wg.id).row_groups.is_some(),
             };
             let mut args = vec![
                 Arg::Buf(x),
@@ -209,7 +209,7 @@ fn linear(spec: &ModelSpec, kind: &OpKind, folded: Option<(BufId, &Norm)>, max_r
         act: *act,
         softcap: *softcap,
         max_rows,
-        grouped: t.grouped_rows,
+        grouped: t.row_groups.is_some(),
     };
     let input = folded.map_or(*x, |(source, _)| source);
     let mut args = vec![Arg::Buf(input), Arg::Weight(*w), Arg::Buf(*out)];
@@ -446,7 +446,7 @@ fn fuse(spec: &ModelSpec, head: bool) -> Vec<Unit<'_>> {
         // One kernel reads both matrices in one layout (a row-grouped matrix beside a
         // row-major one stays two matmuls).
         let grouped = |j: usize| match &ops[j].kind {
-            OpKind::Linear { w, .. } => spec.weight(w.id).grouped_rows,
+            OpKind::Linear { w, .. } => spec.weight(w.id).row_groups.is_some(),
             _ => false,
         };
         let fused = fusable_gate_up(ops, a, gate, up, &source).filter(|&(pg, pu)| grouped(pg) == grouped(pu));

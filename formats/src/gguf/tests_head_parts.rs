@@ -43,7 +43,7 @@ fn model(dir: &Path, layout: Layout) -> (std::path::PathBuf, ModelSpec) {
             layout,
             role,
             layer: Some(0),
-            grouped_rows: false,
+            row_groups: None,
         });
     }
     let mut bytes = w.finish();

@@ -44,7 +44,7 @@ fn model(dir: &Path, layout: Layout) -> (Weights, ModelSpec) {
             layout,
             role,
             layer: Some(0),
-            grouped_rows: false,
+            row_groups: None,
         });
     }
     let views: Vec<(&str, StView)> = data

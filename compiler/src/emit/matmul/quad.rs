@@ -39,6 +39,7 @@ use super::{MatMul, Part, exp_var, park_accs, resume_accs, split_blocks};
 use crate::emit::Dyn;
 use crate::ir::{Cmp, Kb};
 use kiln_core::DType;
+use kiln_core::grouped::OCTET;
 use melior::ir::Value;
 
 mod pieces;
@@ -272,7 +273,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// doc): at most 8 lanes. With 16, each transposition of four rows takes two levels of
     /// 512-bit cross-lane shuffles; with 8, one level of `vperm2i128` per pair of rows (2
     /// threads, weights in L3, Zen 4 EPYC: 43 -> 44 GB/s median, 55 -> 58 best).
+    /// Row-grouped weights need no transposition: they take the full width.
     pub(super) fn quad_decode_lanes(&self) -> usize {
+        if self.grouped {
+            return self.lanes;
+        }
         exp_var("KILN_EXP_QDLANES").unwrap_or(8).min(self.lanes)
     }
 
@@ -488,20 +493,29 @@ impl<'c, 'a> MatMul<'c, 'a> {
         let o_n = outputs_per_vector(lanes);
         let vecs = t.ncols.div_ceil(o_n);
         let (rows, cols, inits) = t.start(b, lanes, vecs);
-        let span = row_span(dtype, lanes, self.k, form);
-        let per_line = 64 / dtype.size();
-        let unroll = if per_line >= span && self.k.is_multiple_of(per_line) {
-            per_line / span
+        // A row-grouped step is one octet of a whole group (`decode_float_rows`), two per
+        // iteration.
+        let (span, unroll) = if self.grouped {
+            (OCTET, if self.k.is_multiple_of(2 * OCTET) { 2 } else { 1 })
         } else {
-            1
+            let span = row_span(dtype, lanes, self.k, form);
+            let per_line = 64 / dtype.size();
+            let unroll = if per_line >= span && self.k.is_multiple_of(per_line) {
+                per_line / span
+            } else {
+                1
+            };
+            (span, unroll)
         };
         // Only the far prefetch (into L2): with the transposes, the near one's address
         // arithmetic cost more than it saved (2 threads, weights in L3: 53 -> 57 GB/s median
         // on a Zen 4 EPYC, `decode_sweep`).
         // Row-grouped weights are one sequential stream per matrix, which the hardware
         // prefetchers follow: software prefetches only cost bandwidth there. `gate_up` over
-        // the 0.5B shape (Zen 4, 2 threads, fast memory phase): none 94-101 % of the read
-        // probe, one per step 80-87 % (`kiln_core::grouped`).
+        // the 0.5B shape (Zen 4, 2 threads, fast memory phase, 8-row groups): none 94-101 % of
+        // the read probe, one per step 80-87 % (`kiln_core::grouped`); a 384 MiB matrix at k
+        // 896 in 16-row groups (`decode_sweep`, medians of 30 rounds, mostly the slow phase):
+        // none 103 %, a far prefetch per line 93 %, row-major rows with it 92 %.
         let prefetches: Vec<_> = decode_prefetches()
             .into_iter()
             .filter(|p| !p.near() && !self.grouped)

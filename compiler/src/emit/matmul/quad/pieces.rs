@@ -1,10 +1,12 @@
-//! How quad order reads weight rows: `O` rows' pieces loaded side by side (from a row-major
-//! matrix or a row-grouped one, `kiln_core::grouped`) and transposed in registers into the
-//! quad layout, for prefill's panel packing and decode's loop alike.
+//! How quad order reads weight rows, for prefill's panel packing and decode's loop alike: from
+//! a row-major matrix, `O` rows' pieces loaded side by side and transposed in registers into
+//! the quad layout; from a row-grouped one (`kiln_core::grouped`), `O` rows' pieces of an octet
+//! in one load, already in that layout.
 
 use super::{Form, QUAD, outputs_per_vector};
 use crate::ir::Kb;
 use kiln_core::DType;
+use kiln_core::grouped::{GROUP_ROWS, OCTET, PieceOrder};
 use melior::ir::Value;
 
 /// `rows[o]` holds consecutive elements of weight row `o` (`O` rows, `O` 128-bit blocks each:
@@ -61,7 +63,7 @@ pub(super) fn row_span(dtype: DType, lanes: usize, k: usize, form: Form) -> usiz
 /// `O` weight rows from `row0` (only the first `present` exist; the rest read as zeros) at
 /// `k..k + span` ([`row_span`]), in quad order: `span / form.piece()` vectors (f32, or bf16
 /// pieces side by side for [`Form::Pairs`]), piece by piece in `k` order; from a row-grouped
-/// matrix where `grouped` ([`weight_at`]).
+/// matrix where `grouped` ([`grouped_quads`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn weight_quads<'c, 'b>(
     b: Kb<'c, 'b>,
@@ -76,7 +78,11 @@ pub(super) fn weight_quads<'c, 'b>(
     grouped: bool,
 ) -> Vec<Value<'c, 'b>> {
     let o_n = outputs_per_vector(lanes);
-    let at = |o: usize| weight_at(b, dtype, b.addi(row0, b.idx(o)), k, grouped);
+    if grouped {
+        debug_assert_eq!(present, o_n, "row groups hold whole groups");
+        return grouped_quads(b, w, dtype, row0, k, lanes, span, form);
+    }
+    let at = |o: usize| [b.addi(row0, b.idx(o)), k];
     if span == lanes && form == Form::Fma {
         let rows: Vec<Value> = (0..o_n)
             .map(|o| {
@@ -115,27 +121,67 @@ pub(super) fn weight_quads<'c, 'b>(
     pieces.into_iter().flat_map(|t| [widen(t, 0), widen(t, 1)]).collect()
 }
 
-/// The indices of element `k` of weight row `row`: `[row, k]`, or in the row-grouped layout
-/// (`kiln_core::grouped`) `[first row of the group, offset from its start]`, an offset that
-/// runs past the row (the memref's address arithmetic is all that reads it, as the prefetches
-/// index `[0, flat]`). A load of a piece never crosses a line: pieces divide lines.
-pub(super) fn weight_at<'c, 'b>(
+/// [`weight_quads`] from a row-grouped matrix: `O` rows from `row0` (a multiple of `O`, so
+/// the rows' pieces of an octet lie side by side) at `k..k + span` (whole octets). Per octet,
+/// one load of `O` pieces gives the quads of `k..k + 4` and `k + 4..k + 8` after a shift and a
+/// mask ([`PieceOrder::Widen`]), or two conversions ([`PieceOrder::Quads`]), or is the pairs'
+/// operand as loaded ([`PieceOrder::Pairs`]).
+#[allow(clippy::too_many_arguments)]
+fn grouped_quads<'c, 'b>(
     b: Kb<'c, 'b>,
+    w: Value<'c, '_>,
     dtype: DType,
+    row0: Value<'c, '_>,
+    k: Value<'c, '_>,
+    lanes: usize,
+    span: usize,
+    form: Form,
+) -> Vec<Value<'c, 'b>> {
+    let order = PieceOrder::for_weights(dtype, form == Form::Pairs).expect("row groups hold bf16 or f16");
+    debug_assert!(span.is_multiple_of(OCTET));
+    let mut out = Vec::new();
+    for c in 0..span / OCTET {
+        let at = grouped_at(b, order, row0, b.addi(k, b.idx(c * OCTET)));
+        match order {
+            PieceOrder::Pairs => out.push(b.load_bf16s(w, &at, 2 * lanes)),
+            PieceOrder::Widen => {
+                let words = b.vbitcast(b.load_bf16s(w, &at, 2 * lanes), &format!("vector<{lanes}xi32>"));
+                let low = b.shli(words, b.int_splat(16, lanes, "i32"));
+                let high = b.andi(words, b.int_splat(-0x10000, lanes, "i32"));
+                out.extend([low, high].map(|v| b.bitcast(v, "f32")));
+            }
+            PieceOrder::Quads => {
+                let second = [at[0], b.addi(at[1], b.idx(2 * QUAD * 2))];
+                out.extend([at, second].map(|a| b.load_weight(w, &a, lanes, dtype)));
+            }
+        }
+    }
+    out
+}
+
+/// The indices of element `k` (a multiple of [`OCTET`]) of weight row `row` (a multiple of
+/// the pieces loaded together) in a row-grouped matrix (`kiln_core::grouped::offset`): `[first
+/// row of the group, offset from its start]`, an offset that runs past the row (the memref's
+/// address arithmetic is all that reads it).
+pub(super) fn grouped_at<'c, 'b>(
+    b: Kb<'c, 'b>,
+    order: PieceOrder,
     row: Value<'c, 'b>,
     k: Value<'c, 'b>,
-    grouped: bool,
 ) -> [Value<'c, 'b>; 2] {
-    if !grouped {
-        return [row, k];
-    }
-    use kiln_core::grouped::{GROUP_ROWS, LINE_BYTES};
-    let line = LINE_BYTES / dtype.size();
-    let (g, o) = (b.idx(GROUP_ROWS), b.idx(line));
-    let first = b.muli(b.divui(row, g), g);
-    let lines = b.muli(b.divui(k, o), b.idx(GROUP_ROWS * line));
-    let within = b.addi(b.muli(b.remui(row, g), o), b.remui(k, o));
-    [first, b.addi(lines, within)]
+    let g = b.idx(GROUP_ROWS);
+    let r = b.remui(row, g);
+    let first = b.subi(row, r);
+    let octets = b.muli(b.divui(k, b.idx(OCTET)), b.idx(GROUP_ROWS * OCTET));
+    // `order.within(r, 0)`: `8 r`, or `32 (r / 4) + 4 (r % 4)` for quads.
+    let within = match order {
+        PieceOrder::Widen | PieceOrder::Pairs => b.muli(r, b.idx(OCTET)),
+        PieceOrder::Quads => {
+            let four = b.idx(QUAD);
+            b.addi(b.muli(b.divui(r, four), b.idx(32)), b.muli(b.remui(r, four), four))
+        }
+    };
+    [first, b.addi(octets, within)]
 }
 
 /// Elements of `dtype` per 64-byte cache line.
