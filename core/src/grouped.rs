@@ -92,23 +92,41 @@ pub fn offset(order: PieceOrder, row: usize, k: usize, row_elems: usize) -> usiz
 
 /// Writes the whole groups of row-major `src` (2-byte elements, rows `row_elems` long, a
 /// multiple of [`OCTET`]) into `dst` in the grouped layout. Both hold the same number of bytes,
-/// a multiple of a group's.
+/// a multiple of a group's. Each row is read once in order and its pieces placed whole (the
+/// engine packs at start, so this runs over hundreds of megabytes on the way to the first
+/// token: placing element by element cost ~0.02 s more per start on the 0.5B shape).
 pub fn pack(order: PieceOrder, src: &[u8], dst: &mut [u8], row_elems: usize) {
+    const PIECE: usize = OCTET * 2;
     let group_bytes = GROUP_ROWS * row_elems * 2;
     assert!(row_elems.is_multiple_of(OCTET) && src.len().is_multiple_of(group_bytes));
     assert_eq!(src.len(), dst.len());
-    let at: Vec<usize> = (0..GROUP_ROWS * OCTET)
-        .map(|i| order.within(i / OCTET, i % OCTET) * 2)
-        .collect();
+    let block_bytes = GROUP_ROWS * PIECE;
     for (s, d) in src.chunks_exact(group_bytes).zip(dst.chunks_exact_mut(group_bytes)) {
-        for (j, block) in d.chunks_exact_mut(GROUP_ROWS * OCTET * 2).enumerate() {
-            for r in 0..GROUP_ROWS {
-                let piece = &s[(r * row_elems + j * OCTET) * 2..][..OCTET * 2];
-                for e in 0..OCTET {
-                    let to = at[r * OCTET + e];
-                    block[to..to + 2].copy_from_slice(&piece[e * 2..e * 2 + 2]);
-                }
+        for (r, row) in s.chunks_exact(row_elems * 2).enumerate() {
+            let at = order.within(r, 0) * 2;
+            for (piece, block) in row.chunks_exact(PIECE).zip(d.chunks_exact_mut(block_bytes)) {
+                place(order, piece, &mut block[at..]);
             }
+        }
+    }
+}
+
+/// Writes one row's piece (its octet as stored) from the start of `out`, the row's place in
+/// its octet block: as stored, or in the order `order` keeps ([`PieceOrder::within`]).
+fn place(order: PieceOrder, piece: &[u8], out: &mut [u8]) {
+    match order {
+        PieceOrder::Pairs => out[..OCTET * 2].copy_from_slice(piece),
+        PieceOrder::Widen => {
+            for p in 0..4 {
+                out[4 * p..4 * p + 2].copy_from_slice(&piece[2 * p..2 * p + 2]);
+                out[4 * p + 2..4 * p + 4].copy_from_slice(&piece[8 + 2 * p..8 + 2 * p + 2]);
+            }
+        }
+        PieceOrder::Quads => {
+            // The second quad lies a half block (4 rows' first quads) after the first.
+            let second = order.within(0, 4) * 2;
+            out[..8].copy_from_slice(&piece[..8]);
+            out[second..second + 8].copy_from_slice(&piece[8..]);
         }
     }
 }
