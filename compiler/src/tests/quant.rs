@@ -545,9 +545,9 @@ fn decode_sweep() {
         // `KILN_SWEEP_MAX_ROWS=8` measures the batched-decode kernels the engine builds, on a
         // one-row call as a single sequence's decode makes.
         super::env_usize("KILN_SWEEP_MAX_ROWS").unwrap_or(1),
-        // `KILN_SWEEP_GROUPED=1`: the row-grouped layout (`kiln_core::grouped`), read from the
-        // same bytes (the rate does not depend on their values).
-        super::env_usize("KILN_SWEEP_GROUPED") == Some(1),
+        // Row-major; a config's `g` field reads the same bytes as row groups (the rate does
+        // not depend on their values).
+        false,
     );
     let probe = Kernel::ProbeRead {
         elems: n * dtype.bytes_for(k) / 4,
@@ -587,7 +587,7 @@ fn decode_sweep() {
             }
             let mut kernel = kernel.clone();
             if let Kernel::MatMul { grouped: g, .. } = &mut kernel {
-                *g |= grouped;
+                *g = grouped;
             }
             (TestLib::build(std::slice::from_ref(&kernel), &options, None), kernel)
         })

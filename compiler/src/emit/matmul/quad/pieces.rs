@@ -151,7 +151,7 @@ fn grouped_quads<'c, 'b>(
                 out.extend([low, high].map(|v| b.bitcast(v, "f32")));
             }
             PieceOrder::Quads => {
-                let second = [at[0], b.addi(at[1], b.idx(2 * QUAD * 2))];
+                let second = [at[0], b.addi(at[1], b.idx(order.within(0, QUAD)))];
                 out.extend([at, second].map(|a| b.load_weight(w, &a, lanes, dtype)));
             }
         }
@@ -163,12 +163,7 @@ fn grouped_quads<'c, 'b>(
 /// the pieces loaded together) in a row-grouped matrix (`kiln_core::grouped::offset`): `[first
 /// row of the group, offset from its start]`, an offset that runs past the row (the memref's
 /// address arithmetic is all that reads it).
-pub(super) fn grouped_at<'c, 'b>(
-    b: Kb<'c, 'b>,
-    order: PieceOrder,
-    row: Value<'c, 'b>,
-    k: Value<'c, 'b>,
-) -> [Value<'c, 'b>; 2] {
+fn grouped_at<'c, 'b>(b: Kb<'c, 'b>, order: PieceOrder, row: Value<'c, 'b>, k: Value<'c, 'b>) -> [Value<'c, 'b>; 2] {
     let g = b.idx(GROUP_ROWS);
     let r = b.remui(row, g);
     let first = b.subi(row, r);
