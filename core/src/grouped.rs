@@ -1,5 +1,6 @@
-//! The gate and up projections of a gated MLP, in bf16 or f16, read in *row groups*: each
-//! group of [`GROUP_ROWS`] rows is stored as one run of *octet blocks* (the 8 elements `k..k + 8` of each of the group's rows,
+//! Half-precision weight matrices (the gate and up projections of a gated MLP, and the other
+//! matrices of at least [`MIN_GROUPED_BYTES`]) read in *row groups*: each group of
+//! [`GROUP_ROWS`] rows is stored as one run of *octet blocks* (the 8 elements `k..k + 8` of each of the group's rows,
 //! 256 bytes), each row's octet a 16-byte *piece* whose elements sit in the order the kernels
 //! consume them ([`PieceOrder`]). One aligned load of `O` consecutive pieces is then a quad-order
 //! operand of `O` outputs (`compiler/src/emit/matmul/quad.rs`) after at most a shift and a mask,
@@ -34,6 +35,19 @@ pub const GROUP_ROWS: usize = 16;
 
 /// Elements of a row per piece: two quads of `k`.
 pub const OCTET: usize = 8;
+
+/// Smallest matrix other than a gate or up projection stored in row groups. Shorter streams
+/// stay row-major, where decode's software prefetches run ahead from the first row: grouped,
+/// the 0.5B shape's 896 x 896 projections (1.6 MB) read 27-28 GB/s in the model against 36-39
+/// row-major (2-core Zen 4, 2 threads, fast memory phase). At 4 MiB and up grouping gains:
+/// interleaved runs of both builds, each kernel's rate over the grouped `gate_up`'s rate in
+/// the same run (the machine's bandwidth phases move both alike), 6 runs each: Qwen3.5-0.8B
+/// shape with `--precision bf16`, its DeltaNet and attention projections and down 0.73-1.04
+/// row-major against 1.03-1.11 grouped, decode in the fast phase 27.0-28.7 against 30.8-32.1
+/// tok/s (68-75 % against 79-84 % of the read probe), in the slow one 87 % against 88-90 %;
+/// Qwen2.5-0.5B exact, down 0.80-0.98 against 0.93-1.05. The copy costs start: a one-token
+/// answer on the Qwen3.5 shape 0.24-0.29 s against 0.31-0.36 s (6 alternating runs).
+pub const MIN_GROUPED_BYTES: usize = 4 << 20;
 
 /// How a piece holds a row's octet `w[k..k + 8]`, chosen by what the kernels do with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,17 +174,9 @@ impl ModelSpec {
 
     /// Whether tensor `id` is read in row groups: a bf16 or f16 matrix of whole groups of
     /// whole octets, read in quad order (vectors of 8 lanes or more), only as the weight of
-    /// linear operations whose views start and end on a group and whose outputs are the gate
-    /// or the up input of a gated activation (what decode fuses into `gate_up`).
-    ///
-    /// Only those: grouping every large matrix as well (down, and on Qwen3.5 the DeltaNet and
-    /// attention projections, at least 4 MiB each) cost 0.16 s more start (0.27 -> 0.43 s to a
-    /// one-token answer on the Qwen3.5-0.8B shape, Zen 4) and 0.63 GB more memory, for a gain
-    /// the machine's bandwidth phases hid in the model (down 47-52 GB/s either way); the
-    /// 896 x 896 projections of the 0.5B shape read slower grouped (27-28 GB/s against 36-39:
-    /// short streams, no software prefetch running ahead). Streamed alone, a 384 MiB matrix
-    /// read 96-103 % of the read probe grouped against 92-94 % row-major (`decode_sweep`, k
-    /// 896 and 4864, medians of 30 rounds, mostly the slow phase).
+    /// linear operations whose views start and end on a group, and either the gate or the up
+    /// input of a gated activation (what decode fuses into `gate_up`) or at least
+    /// [`MIN_GROUPED_BYTES`] (a token table the embedding gathers rows from stays row-major).
     pub fn groupable(&self, id: WeightId, f32_lanes: usize) -> bool {
         let t = self.weight(id);
         let shaped = t.role == Role::Matrix
@@ -188,7 +194,7 @@ impl ModelSpec {
                     if !w.row0.is_multiple_of(GROUP_ROWS) || !w.rows.is_multiple_of(GROUP_ROWS) {
                         return false;
                     }
-                    if !self.gates(*out) {
+                    if !self.gates(*out) && t.bytes() < MIN_GROUPED_BYTES {
                         return false;
                     }
                     if bias.is_some_and(|b| b.id == id) {
@@ -251,33 +257,43 @@ mod tests {
             .collect()
     }
 
-    /// Exactly the gate and up projections are grouped: not the attention projections, the
-    /// down projection, nor the tied token table the embedding gathers from.
+    /// Exactly the gate and up projections and the other matrices of at least 4 MiB are
+    /// grouped: the down projection (8.7 MB), not the attention projections (1.6 MB and
+    /// less), nor the tied token table the embedding gathers from.
     #[test]
-    fn only_gate_and_up_projections_are_grouped() {
+    fn gate_up_and_large_projections_are_grouped() {
         let mut spec = qwen25(DType::BF16, 4864);
-        assert_eq!(spec.group_rows(16, Precision::Exact, 0), 4);
+        assert_eq!(spec.group_rows(16, Precision::Exact, 0), 6);
         let names = grouped_names(&spec);
         assert!(
-            names
+            names.iter().all(|n| ["gate_proj", "up_proj", "down_proj"]
                 .iter()
-                .all(|n| n.ends_with("mlp.gate_proj.weight") || n.ends_with("mlp.up_proj.weight")),
+                .any(|m| n.ends_with(&format!("mlp.{m}.weight")))),
             "{names:?}"
         );
         assert!(spec.weights.iter().all(|t| t.row_groups != Some(PieceOrder::Pairs)));
-        // The kernels that read them say so: decode's fused gate_up and prefill's matmuls.
-        let gate_up = decode_graph(&spec)
-            .steps
-            .iter()
-            .filter(|s| matches!(s.kernel, Kernel::GateUp { grouped: true, .. }))
-            .count();
-        assert_eq!(gate_up, 2, "one fused gate_up per layer");
-        let prefill = block_graph(&spec, 64)
-            .steps
-            .iter()
-            .filter(|s| matches!(s.kernel, Kernel::MatMul { grouped: true, .. }))
-            .count();
-        assert_eq!(prefill, 4, "gate and up of each layer");
+        // The kernels that read them say so: decode's fused gate_up and down matmuls, and
+        // prefill's matmuls.
+        let count = |steps: &[crate::graph::Step], gate_up: bool| {
+            steps
+                .iter()
+                .filter(|s| match s.kernel {
+                    Kernel::GateUp { grouped, .. } => gate_up && grouped,
+                    Kernel::MatMul { grouped, .. } => !gate_up && grouped,
+                    _ => false,
+                })
+                .count()
+        };
+        let decode = decode_graph(&spec);
+        assert_eq!(count(&decode.steps, true), 2, "one fused gate_up per layer");
+        assert_eq!(count(&decode.steps, false), 2, "one down projection per layer");
+        assert_eq!(
+            count(&block_graph(&spec, 64).steps, false),
+            6,
+            "gate, up and down of each layer"
+        );
+        // A narrower MLP's down projection (896 x 1024, 1.8 MB) stays row-major.
+        assert_eq!(qwen25(DType::BF16, 1024).group_rows(16, Precision::Exact, 0), 4);
     }
 
     /// Nothing is grouped where the kernels would not read quad order (4-lane vectors), for
@@ -292,7 +308,7 @@ mod tests {
         assert_eq!(groups(DType::F32, 4864, 16, Precision::Exact, 0), 0);
         assert_eq!(groups(DType::Q8_0, 4864, 16, Precision::Exact, 0), 0);
         assert_eq!(groups(DType::BF16, 4868, 16, Precision::Exact, 0), 0);
-        assert_eq!(groups(DType::F16, 4864, 8, Precision::Exact, 0), 4);
+        assert_eq!(groups(DType::F16, 4864, 8, Precision::Exact, 0), 6);
         let mut f16 = qwen25(DType::F16, 4864);
         f16.group_rows(16, Precision::Bf16, 0);
         let mut bf16 = qwen25(DType::BF16, 4864);
@@ -300,9 +316,9 @@ mod tests {
         let orders = |s: &ModelSpec| s.weights.iter().filter_map(|t| t.row_groups).collect::<Vec<_>>();
         assert!(orders(&f16).iter().all(|&o| o == PieceOrder::Quads));
         assert!(orders(&bf16).iter().all(|&o| o == PieceOrder::Pairs));
-        // Two layers of the 0.5B shape and its token table hold ~0.33 GB, their gate and up
-        // projections ~0.035 GB.
-        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 4);
+        // Two layers of the 0.5B shape and its token table hold ~0.33 GB, their gate, up and
+        // down projections ~0.05 GB.
+        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 6);
         assert_eq!(
             groups(DType::BF16, 4864, 16, Precision::Exact, 256 << 20),
             0,

@@ -118,9 +118,9 @@ pub(super) fn engine_config(opts: &OpenOptions) -> EngineConfig {
 }
 
 /// Marks the tensors the kernels compiled with `options` read in row groups
-/// (`kiln_core::grouped`: the gate and up projections, repacked by the engine at load), as
-/// every command that keys or opens a model must, or its cache key would differ. Not for a
-/// `--ram-budget` run, which streams weights as stored.
+/// (`kiln_core::grouped`: the gate and up projections and the other large matrices, repacked
+/// by the engine at load), as every command that keys or opens a model must, or its cache key
+/// would differ. Not for a `--ram-budget` run, which streams weights as stored.
 pub fn group_rows(spec: &mut ModelSpec, options: &CompileOptions) {
     spec.group_rows(
         options.f32_lanes,
