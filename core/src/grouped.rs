@@ -1,10 +1,10 @@
 //! Half-precision weight matrices (the gate and up projections of a gated MLP, and the other
 //! matrices of at least [`MIN_GROUPED_BYTES`]) read in *row groups*: each group of
-//! [`GROUP_ROWS`] rows is stored as one run of *octet blocks* (the 8 elements `k..k + 8` of each of the group's rows,
-//! 256 bytes), each row's octet a 16-byte *piece* whose elements sit in the order the kernels
-//! consume them ([`PieceOrder`]). One aligned load of `O` consecutive pieces is then a quad-order
-//! operand of `O` outputs (`compiler/src/emit/matmul/quad.rs`) after at most a shift and a mask,
-//! and a decode step over a group is one sequential stream.
+//! [`GROUP_ROWS`] rows is stored as one run of *octet blocks* (the 8 elements `k..k + 8` of
+//! each of the group's rows, 256 bytes), each row's octet a 16-byte *piece* whose elements sit
+//! in the order the kernels consume them ([`PieceOrder`]). One aligned load of `O` consecutive
+//! pieces is then a quad-order operand of `O` outputs (`compiler/src/emit/matmul/quad.rs`)
+//! after at most a shift and a mask, and a decode step over a group is one sequential stream.
 //!
 //! Why: decode in quad order sums each output's four phases as four sequential FMA chains, so
 //! a step that walks few rows is bound by the FMA latency, and reading rows row-major needs
@@ -14,11 +14,10 @@
 //! (8 rows) from L3 on 2 threads of a 2-core AMD EPYC Zen 4, below its ~55-65 GB/s memory in
 //! the fast phase. In this layout a step of 16 rows (four 512-bit chains) takes per octet four
 //! loads, four shifts, four masks and eight FMAs: 163-170 GB/s median from L3 and L2 in a C
-//! model of the loop (256-bit vectors, eight chains: 95-99). In the model the 16-row groups
-//! read as the 8-row line groups before them did (Qwen2.5-0.5B shape, `gate_up` 47-57 GB/s
-//! in the fast phase either way, interleaved runs): there memory, not the loop, sets the pace;
-//! the headroom is for machines whose memory outruns the old loop (a Zen 5 EPYC's ~85 GB/s
-//! fast phase against its ~70 GB/s row-major cap).
+//! model of the loop (256-bit vectors, eight chains: 95-99). In the model `gate_up` read the
+//! same in these groups as in the 8-row line groups before them (Qwen2.5-0.5B shape, 47-57
+//! GB/s in the fast phase either way), while large single matrices gained on row-major rows
+//! ([`MIN_GROUPED_BYTES`] has the figures).
 //!
 //! The kernels compute the same products in the same order as from row-major rows (only
 //! addresses and shuffles change), so results are bitwise those of the row-major layout. The
