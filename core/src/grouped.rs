@@ -49,7 +49,7 @@ pub const OCTET: usize = 8;
 pub const MIN_GROUPED_BYTES: usize = 4 << 20;
 
 /// How a piece holds a row's octet `w[k..k + 8]`, chosen by what the kernels do with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PieceOrder {
     /// bf16 widened to f32: 32-bit word `p` holds `(w[k + p], w[k + 4 + p])`, so a left shift
@@ -175,7 +175,9 @@ impl ModelSpec {
     /// whole octets, read in quad order (vectors of 8 lanes or more), only as the weight of
     /// linear operations whose views start and end on a group, and either the gate or the up
     /// input of a gated activation (what decode fuses into `gate_up`) or at least
-    /// [`MIN_GROUPED_BYTES`] (a token table the embedding gathers rows from stays row-major).
+    /// [`MIN_GROUPED_BYTES`]. A tied token table qualifies as its output head (the embedding
+    /// gathers its rows in the grouped layout too): at 0.25-0.5 GB it is the largest matrix
+    /// decode reads, a third of the Qwen3.5-0.8B's bytes per token.
     pub fn groupable(&self, id: WeightId, f32_lanes: usize) -> bool {
         let t = self.weight(id);
         let shaped = t.role == Role::Matrix
@@ -201,6 +203,8 @@ impl ModelSpec {
                     }
                     linear = true;
                 }
+                // The embedding gathers rows of a tied table in its layout (`Kernel::Embed`).
+                OpKind::Embed { table, positions, .. } if *table == id && *positions != Some(id) => {}
                 kind => {
                     let (whole, gathered) = kind.weights_read();
                     if whole.contains(&id) || gathered.contains(&id) {
@@ -224,7 +228,7 @@ impl ModelSpec {
 mod tests {
     use super::*;
     use crate::arch::{self, HfConfig};
-    use crate::graph::{block_graph, decode_graph};
+    use crate::graph::{block_graph, decode_graph, head_graph};
     use crate::kernel::Kernel;
     use serde_json::json;
 
@@ -257,22 +261,24 @@ mod tests {
     }
 
     /// Exactly the gate and up projections and the other matrices of at least 4 MiB are
-    /// grouped: the down projection (8.7 MB), not the attention projections (1.6 MB and
-    /// less), nor the tied token table the embedding gathers from.
+    /// grouped: the down projection (8.7 MB) and the tied token table (272 MB, the output
+    /// head), not the attention projections (1.6 MB and less).
     #[test]
     fn gate_up_and_large_projections_are_grouped() {
         let mut spec = qwen25(DType::BF16, 4864);
-        assert_eq!(spec.group_rows(16, Precision::Exact, 0), 6);
+        assert_eq!(spec.group_rows(16, Precision::Exact, 0), 7);
         let names = grouped_names(&spec);
         assert!(
-            names.iter().all(|n| ["gate_proj", "up_proj", "down_proj"]
-                .iter()
-                .any(|m| n.ends_with(&format!("mlp.{m}.weight")))),
+            names.iter().all(|n| n == "model.embed_tokens.weight"
+                || ["gate_proj", "up_proj", "down_proj"]
+                    .iter()
+                    .any(|m| n.ends_with(&format!("mlp.{m}.weight")))),
             "{names:?}"
         );
+        assert!(names.iter().any(|n| n == "model.embed_tokens.weight"), "{names:?}");
         assert!(spec.weights.iter().all(|t| t.row_groups != Some(PieceOrder::Pairs)));
-        // The kernels that read them say so: decode's fused gate_up and down matmuls, and
-        // prefill's matmuls.
+        // The kernels that read them say so: decode's fused gate_up and down matmuls, the
+        // head's matmul and the embedding in its order, and prefill's matmuls.
         let count = |steps: &[crate::graph::Step], gate_up: bool| {
             steps
                 .iter()
@@ -283,16 +289,25 @@ mod tests {
                 })
                 .count()
         };
+        let embeds_grouped = |steps: &[crate::graph::Step]| {
+            steps
+                .iter()
+                .filter_map(|s| match s.kernel {
+                    Kernel::Embed { grouped, .. } => Some(grouped),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
         let decode = decode_graph(&spec);
         assert_eq!(count(&decode.steps, true), 2, "one fused gate_up per layer");
         assert_eq!(count(&decode.steps, false), 2, "one down projection per layer");
-        assert_eq!(
-            count(&block_graph(&spec, 64).steps, false),
-            6,
-            "gate, up and down of each layer"
-        );
+        assert_eq!(embeds_grouped(&decode.steps), [Some(PieceOrder::Widen)]);
+        assert_eq!(count(&head_graph(&spec).steps, false), 1, "the tied head");
+        let prefill = block_graph(&spec, 64);
+        assert_eq!(count(&prefill.steps, false), 6, "gate, up and down of each layer");
+        assert_eq!(embeds_grouped(&prefill.steps), [Some(PieceOrder::Widen)]);
         // A narrower MLP's down projection (896 x 1024, 1.8 MB) stays row-major.
-        assert_eq!(qwen25(DType::BF16, 1024).group_rows(16, Precision::Exact, 0), 4);
+        assert_eq!(qwen25(DType::BF16, 1024).group_rows(16, Precision::Exact, 0), 5);
     }
 
     /// Nothing is grouped where the kernels would not read quad order (4-lane vectors), for
@@ -306,8 +321,9 @@ mod tests {
         assert_eq!(groups(DType::BF16, 4864, 4, Precision::Exact, 0), 0);
         assert_eq!(groups(DType::F32, 4864, 16, Precision::Exact, 0), 0);
         assert_eq!(groups(DType::Q8_0, 4864, 16, Precision::Exact, 0), 0);
-        assert_eq!(groups(DType::BF16, 4868, 16, Precision::Exact, 0), 0);
-        assert_eq!(groups(DType::F16, 4864, 8, Precision::Exact, 0), 6);
+        // An MLP of 4868 rows fills no whole groups: only the token table is grouped.
+        assert_eq!(groups(DType::BF16, 4868, 16, Precision::Exact, 0), 1);
+        assert_eq!(groups(DType::F16, 4864, 8, Precision::Exact, 0), 7);
         let mut f16 = qwen25(DType::F16, 4864);
         f16.group_rows(16, Precision::Bf16, 0);
         let mut bf16 = qwen25(DType::BF16, 4864);
@@ -316,10 +332,10 @@ mod tests {
         assert!(orders(&f16).iter().all(|&o| o == PieceOrder::Quads));
         assert!(orders(&bf16).iter().all(|&o| o == PieceOrder::Pairs));
         // Two layers of the 0.5B shape and its token table hold ~0.33 GB, their gate, up and
-        // down projections ~0.05 GB.
-        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 6);
+        // down projections and the table ~0.32 GB.
+        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 1 << 30), 7);
         assert_eq!(
-            groups(DType::BF16, 4864, 16, Precision::Exact, 256 << 20),
+            groups(DType::BF16, 4864, 16, Precision::Exact, 768 << 20),
             0,
             "no room for the copies"
         );

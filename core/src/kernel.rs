@@ -59,6 +59,10 @@ pub enum Kernel {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         positions: Option<PositionTable>,
         max_rows: usize,
+        /// The table is stored in row groups in this order (a tied output head's table, which
+        /// the head's matmul reads grouped; `crate::grouped`), not row-major.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grouped: Option<crate::grouped::PieceOrder>,
     },
     /// `y[r, :] = norm(x[r, :])`, or `y += norm(x)` when `accumulate` (Gemma's norms after the
     /// attention and the MLP, added to the residual).

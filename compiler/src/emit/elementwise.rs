@@ -3,6 +3,7 @@
 
 use super::{Dyn, quant, thread_range};
 use crate::ir::{Kb, lanes_for};
+use kiln_core::grouped::{GROUP_ROWS, OCTET, PieceOrder};
 use kiln_core::{Act, Kernel};
 use melior::ir::Value;
 
@@ -16,6 +17,7 @@ pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dy
         dtype,
         scale,
         positions,
+        grouped,
         ..
     } = kernel
     else {
@@ -27,7 +29,10 @@ pub fn emit_embed<'c>(b: Kb<'c, '_>, kernel: &Kernel, p: &[Value<'c, '_>], d: Dy
     let one = b.idx(1);
     b.for_each(r_start, r_end, one, |b, r| {
         let t = b.minui(b.load_i32_index(tokens, &[r]), b.idx(vocab - 1));
-        gather_row(b, table, *dtype, t, x, r, *hidden, lanes);
+        match grouped {
+            Some(order) => gather_grouped_row(b, table, *dtype, *order, t, x, r, *hidden),
+            None => gather_row(b, table, *dtype, t, x, r, *hidden, lanes),
+        }
         // Then the row is finished in place: scaled (Gemma's `sqrt(hidden)`), then the learned
         // position added (GPT-2), each as the reference's own elementwise step.
         if scale.is_none() && positions.is_none() {
@@ -84,6 +89,68 @@ fn gather_row<'c>(
         let v = b.load_weight(table, &[t, c], lanes, dtype);
         b.store(v, x, &[r, c]);
     });
+}
+
+/// Row `t` of a table of 2-byte elements stored in row groups (`kiln_core::grouped`), widened
+/// into row `r` of `x` an octet at a time: each octet is one piece of its group's octet block
+/// (two quarter pieces for f16's [`PieceOrder::Quads`]), put back in column order.
+#[allow(clippy::too_many_arguments)]
+fn gather_grouped_row<'c>(
+    b: Kb<'c, '_>,
+    table: Value<'c, '_>,
+    dtype: kiln_core::DType,
+    order: PieceOrder,
+    t: Value<'c, '_>,
+    x: Value<'c, '_>,
+    r: Value<'c, '_>,
+    hidden: usize,
+) {
+    let rows = b.idx(GROUP_ROWS);
+    let (group, row) = (b.divui(t, rows), b.remui(t, rows));
+    // Element offsets in the table, as `offset` defines them: the group's start, then the row's
+    // place in an octet block (`within(row, e)` is linear in `row` within each quarter of four
+    // rows, so it is computed from `row / 4` and `row % 4`).
+    let group_at = b.muli(group, b.idx(GROUP_ROWS * hidden));
+    let (quarter, in_quarter) = (b.divui(row, b.idx(4)), b.remui(row, b.idx(4)));
+    let row_at = b.addi(
+        b.muli(quarter, b.idx(order.within(4, 0) - order.within(0, 0))),
+        b.muli(in_quarter, b.idx(order.within(1, 0) - order.within(0, 0))),
+    );
+    let start = b.addi(group_at, row_at);
+    let (lo, hi, one) = (b.idx(0), b.idx(hidden / OCTET), b.idx(1));
+    b.for_each(lo, hi, one, |b, octet| {
+        let at = b.addi(start, b.muli(octet, b.idx(GROUP_ROWS * OCTET)));
+        let v = match order {
+            PieceOrder::Pairs => load_at(b, table, dtype, hidden, at, OCTET),
+            // Word `p` holds elements `p` and `4 + p`.
+            PieceOrder::Widen => {
+                let w = load_at(b, table, dtype, hidden, at, OCTET);
+                b.shuffle(w, w, &[0, 2, 4, 6, 1, 3, 5, 7])
+            }
+            PieceOrder::Quads => {
+                let second = b.addi(at, b.idx(order.within(0, 4) - order.within(0, 0)));
+                b.concat(
+                    load_at(b, table, dtype, hidden, at, 4),
+                    load_at(b, table, dtype, hidden, second, 4),
+                )
+            }
+        };
+        b.store(v, x, &[r, b.muli(octet, b.idx(OCTET))]);
+    });
+}
+
+/// `lanes` elements of `table` (passed as `[vocab, hidden]`) from element `at` of its layout,
+/// `[at / hidden, at % hidden]`, widened.
+fn load_at<'c, 'a>(
+    b: Kb<'c, 'a>,
+    table: Value<'c, '_>,
+    dtype: kiln_core::DType,
+    hidden: usize,
+    at: Value<'c, '_>,
+    lanes: usize,
+) -> Value<'c, 'a> {
+    let hid = b.idx(hidden);
+    b.load_weight(table, &[b.divui(at, hid), b.remui(at, hid)], lanes, dtype)
 }
 
 /// `g = act(g) * u` over `rows * dim` contiguous values.

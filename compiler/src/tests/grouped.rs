@@ -2,7 +2,8 @@
 //! prefill, decode (one row and batched steps) and decode's fused `gate_up` write bit for bit
 //! what the same kernels write from the row-major matrix, for bf16 and f16 weights at every
 //! quad-order width and, where the CPU has AVX512-BF16, in `--precision bf16`. Shapes: `k` of
-//! several prefill panel chunks, and `n` past one prefill block and not a multiple of it.
+//! several prefill panel chunks, and `n` past one prefill block and not a multiple of it. The
+//! embedding gathers the rows of a grouped (tied) token table as it gathers row-major ones.
 
 use super::{Rng, TestLib, plain_matmul as matmul, ptr, weights};
 use kiln_core::grouped::{PieceOrder, multiplies_in_pairs, pack};
@@ -135,5 +136,52 @@ fn grouped_weights_give_the_row_major_bits() {
                 }
             }
         }
+    }
+}
+
+fn embed(vocab: usize, hidden: usize, dtype: DType, grouped: Option<PieceOrder>) -> Kernel {
+    Kernel::Embed {
+        vocab,
+        hidden,
+        dtype,
+        scale: None,
+        positions: None,
+        max_rows: ROWS,
+        grouped,
+    }
+}
+
+/// Every piece order, fed its packed copy of a table: the embedding writes the rows the plain
+/// gather writes from the row-major table, for tokens in every place of a group (first, last,
+/// each quarter) and the last row of the table.
+#[test]
+fn grouped_tables_gather_the_row_major_rows() {
+    const VOCAB: usize = 48;
+    const HIDDEN: usize = 104;
+    let cases = [
+        (DType::BF16, PieceOrder::Widen),
+        (DType::BF16, PieceOrder::Pairs),
+        (DType::F16, PieceOrder::Quads),
+    ];
+    let mut kernels: Vec<Kernel> = cases.iter().map(|&(dt, o)| embed(VOCAB, HIDDEN, dt, Some(o))).collect();
+    kernels.extend(DTYPES.map(|dt| embed(VOCAB, HIDDEN, dt, None)));
+    let lanes = HostCpu::detect().f32_lanes();
+    let lib = TestLib::build(&kernels, &CompileOptions::new(ROWS, lanes), None);
+    let mut rng = Rng(0xe3b3);
+    let tokens: Vec<i32> = vec![0, 15, 17, 22, 47, 36, 5, 30, 40, 1, 46, 11, 29];
+    for (dt, order) in cases {
+        let (table, _) = weights(&mut rng, VOCAB * HIDDEN, dt);
+        let mut packed = vec![0u8; table.len()];
+        pack(order, &table, &mut packed, HIDDEN);
+        assert_ne!(packed, table, "{order:?} moves bytes");
+        let gather = |kernel: &Kernel, table: &[u8]| {
+            let (mut t, mut w) = (tokens.clone(), table.to_vec());
+            let mut x = vec![f32::NAN; ROWS * HIDDEN];
+            lib.call(kernel, &[ptr(&mut t), ptr(&mut w), ptr(&mut x)], ROWS, 2);
+            x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let want = gather(&embed(VOCAB, HIDDEN, dt, None), &table);
+        let got = gather(&embed(VOCAB, HIDDEN, dt, Some(order)), &packed);
+        assert_eq!(got, want, "{dt} table in {order:?} order");
     }
 }

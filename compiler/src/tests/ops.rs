@@ -124,6 +124,7 @@ fn embed() -> Kernel {
             dtype: DType::BF16,
         }),
         max_rows: ROWS,
+        grouped: None,
     }
 }
 

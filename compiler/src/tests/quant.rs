@@ -127,6 +127,7 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                 scale: None,
                 positions: None,
                 max_rows,
+                grouped: None,
             });
         }
         for (n, k, bias, accumulate) in matmul_shapes(dtype, lanes, host) {
@@ -176,6 +177,7 @@ fn embed_all(lib: &TestLib, dtype: DType, hidden: usize, table: &mut [u8], rows:
         scale: None,
         positions: None,
         max_rows: rows,
+        grouped: None,
     };
     let mut out = Vec::new();
     for first in (0..vocab).step_by(rows) {

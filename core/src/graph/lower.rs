@@ -242,6 +242,7 @@ fn plain(spec: &ModelSpec, kind: &OpKind, max_rows: usize) -> (Kernel, Vec<Arg>)
                     dtype: spec.weight(p).dtype,
                 }),
                 max_rows,
+                grouped: t.row_groups,
             };
             let mut args = vec![Arg::Buf(*tokens), whole(*table, spec), Arg::Buf(*out)];
             if let Some(p) = positions {
