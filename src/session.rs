@@ -347,6 +347,9 @@ impl PreparedModel {
             }
             other => other?,
         };
+        for note in engine.notes() {
+            errln!("warning: {note}")?;
+        }
         // The model proved usable: now the tokenizer tables it built may go to the cache.
         tokenizer.save_table();
         release_freed_heap();

@@ -29,6 +29,10 @@ pub const TOKENIZER_TABLES: &str = "tokenizers";
 /// [`Cache::clean_all`].
 pub const PAGE_CACHE_MARKS: &str = "page-cache";
 
+/// The folder of row-grouped weight copies the engine keeps between runs
+/// (`kiln_engine::grouped_store`), removed with everything else by [`Cache::clean_all`].
+pub const GROUPED_COPIES: &str = "grouped";
+
 const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
 const TRASH_PREFIX: &str = ".trash-";
@@ -454,7 +458,7 @@ impl Cache {
             }
         }
 
-        for folder in [TOKENIZER_TABLES, PAGE_CACHE_MARKS] {
+        for folder in [TOKENIZER_TABLES, PAGE_CACHE_MARKS, GROUPED_COPIES] {
             let tables = self.root.join(folder);
             if fs::symlink_metadata(&tables).is_ok() {
                 report.bytes_freed += disk_usage(&tables);

@@ -47,8 +47,8 @@ mod verify;
 
 pub use active::remove_active_staging;
 pub use cache::{
-    BuildOutput, Cache, CleanReport, Entry, EntryInfo, Lookup, META_FILE, Meta, Outcome, PAGE_CACHE_MARKS, Removed,
-    Status, TOKENIZER_TABLES,
+    BuildOutput, Cache, CleanReport, Entry, EntryInfo, GROUPED_COPIES, Lookup, META_FILE, Meta, Outcome,
+    PAGE_CACHE_MARKS, Removed, Status, TOKENIZER_TABLES,
 };
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};

@@ -1035,11 +1035,14 @@ fn error_messages_are_single_lines_naming_what_is_wrong() {
     }
 }
 
-/// `clean_all` also empties the tokenizer-table and page-cache-mark folders, counting their
-/// bytes as freed.
+/// `clean_all` also empties the tokenizer-table, page-cache-mark and grouped-copy folders,
+/// counting their bytes as freed.
 #[test]
 fn clean_all_removes_the_tokenizer_tables_and_page_cache_marks() {
     let (_tmp, cache) = new_cache();
+    let grouped = cache.root().join(crate::GROUPED_COPIES);
+    fs::create_dir_all(&grouped).unwrap();
+    fs::write(grouped.join("0123.grp"), vec![1u8; 3000]).unwrap();
     let tables = cache.root().join(crate::TOKENIZER_TABLES);
     fs::create_dir_all(&tables).unwrap();
     fs::write(tables.join("0123.bpe"), vec![7u8; 5000]).unwrap();
@@ -1047,6 +1050,6 @@ fn clean_all_removes_the_tokenizer_tables_and_page_cache_marks() {
     fs::create_dir_all(&marks).unwrap();
     fs::write(marks.join("0123"), b"").unwrap();
     let report = cache.clean_all().unwrap();
-    assert!(!tables.exists() && !marks.exists());
-    assert!(report.bytes_freed >= 5000, "{report:?}");
+    assert!(!tables.exists() && !marks.exists() && !grouped.exists());
+    assert!(report.bytes_freed >= 8000, "{report:?}");
 }

@@ -10,44 +10,13 @@ use crate::pool::{Pool, physical_cores};
 
 mod step;
 mod streaming;
+pub use crate::source::WeightSource;
 use kiln_core::budget;
 use kiln_core::graph::{self, Arg, RowInfo};
-use kiln_core::{BufId, CompileOptions, ModelSpec, WeightId};
+use kiln_core::{BufId, CompileOptions, ModelSpec};
 use std::path::Path;
 use std::sync::Arc;
 pub use step::StepPart;
-
-/// Gives the engine a pointer to each weight tensor. The pointers must stay valid, unchanged,
-/// as long as the source lives; the engine keeps the source alive.
-pub trait WeightSource: Send + Sync {
-    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String>;
-
-    /// Copies `dst.len()` bytes of weight `id`, from byte `offset` of the bytes the kernels
-    /// read (those [`WeightSource::weight_ptr`] points at), into `dst`: how `--ram-budget`
-    /// streams a weight it does not keep resident. A source backed by files reads them with
-    /// `pread`, never through a mapping (so no mapped page of the weight becomes resident),
-    /// and drops what it read from the page cache, so streamed weights hold no memory once
-    /// used; it must not call `weight_ptr`'s lazy copies into being either. The default copies
-    /// from `weight_ptr`, for sources that hold their weights in memory anyway.
-    fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
-        let src = self.weight_ptr(id)?;
-        // SAFETY: the caller asks for a range inside the tensor (the engine derives it from
-        // the spec's shape, which the source checked its tensor against), so `src + offset`
-        // holds `dst.len()` readable bytes; `dst` is a distinct, writable slice.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-
-    /// Where weight `id` is stored: (which file, byte offset in it), for sources read from
-    /// files. The streamer reads a unit's weights in this order: a disk reads a layer's
-    /// tensors about twice as fast in file order as in the model's order (measured 3.0 against
-    /// 1.5 GB/s), since the kernel's readahead follows sequential reads only. `None` (the
-    /// default) for weights held in memory.
-    fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
-        let _ = id;
-        None
-    }
-}
 
 /// Run-time choices that do not change the compiled code.
 #[derive(Clone, Debug)]
@@ -65,6 +34,9 @@ pub struct EngineConfig {
     pub profile: bool,
     /// `--ram-budget`: bytes the weights and the KV cache may hold (see `kiln_core::budget`).
     pub ram_budget: Option<u64>,
+    /// The folder where row-grouped copies of the weights are kept between runs
+    /// (`crate::grouped_store`); `None` repacks them at every start.
+    pub grouped_store: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +48,7 @@ impl Default for EngineConfig {
             pin: true,
             profile: std::env::var_os("KILN_PROFILE").is_some_and(|v| v == "1"),
             ram_budget: None,
+            grouped_store: None,
         }
     }
 }
@@ -179,6 +152,7 @@ pub struct Engine {
     // Dropped after the plans that point into them.
     weights: Arc<dyn WeightSource>,
     library: KernelLibrary,
+    notes: Vec<String>,
 }
 
 impl Engine {
@@ -218,7 +192,9 @@ impl Engine {
                 "row-grouped weights cannot be streamed under a RAM budget".to_string(),
             ));
         }
-        let weights = crate::grouped::GroupedWeights::wrap(spec, weights, threads).map_err(EngineError::Plan)?;
+        let wrapped = crate::grouped::GroupedWeights::wrap(spec, weights, threads, config.grouped_store.as_deref())
+            .map_err(EngineError::Plan)?;
+        let weights = wrapped.weights;
         let streaming = match config.ram_budget {
             Some(b) => {
                 let plan = budget::plan(&budget::Footprint::of(spec, block_rows, ctx, config.slots), b)?;
@@ -273,7 +249,13 @@ impl Engine {
             streaming,
             weights,
             library,
+            notes: wrapped.notes,
         })
+    }
+
+    /// What the caller should tell the user about opening the engine (warnings).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Prefills `tokens` like [`Engine::prefill`] but one layer at a time, returning the

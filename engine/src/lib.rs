@@ -7,11 +7,13 @@ pub mod buffers;
 mod checkpoint;
 pub mod engine;
 pub mod grouped;
+pub mod grouped_store;
 pub mod library;
 pub mod plan;
 pub mod pool;
 pub mod probe;
 pub mod resident;
+mod source;
 pub mod stream;
 
 pub use engine::{Engine, EngineConfig, EngineError, WeightSource};

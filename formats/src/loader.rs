@@ -385,6 +385,10 @@ impl WeightSource for SafetensorsWeights {
     fn stored_at(&self, id: WeightId) -> Option<(usize, u64)> {
         self.slot(id).ok().map(|s| (s.file, s.start))
     }
+
+    fn origin(&self) -> Option<(String, String)> {
+        crate::origin::of_files((0..).map_while(|i| self.weights.file_at(i)).map(|(f, p)| (p, f)))
+    }
 }
 
 /// `dst.len()` bytes at `offset` of `buf`, a copy of the tensor `stored` describes.

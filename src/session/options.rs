@@ -113,6 +113,12 @@ pub(super) fn engine_config(opts: &OpenOptions) -> EngineConfig {
         ctx: opts.ctx,
         slots: opts.slots.max(1),
         ram_budget: opts.ram_budget,
+        // Without a cache folder the row-grouped copies are made at every start.
+        grouped_store: opts
+            .cache_dir
+            .clone()
+            .or_else(|| kiln_cache::Cache::default_root().ok())
+            .map(|root| root.join(kiln_cache::GROUPED_COPIES)),
         ..EngineConfig::default()
     }
 }

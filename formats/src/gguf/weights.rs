@@ -380,6 +380,10 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
         self.tensor(id).map(|t| t.ptr()).map_err(|e| e.to_string())
     }
 
+    fn origin(&self) -> Option<(String, String)> {
+        crate::origin::of_files(self.paths.iter().map(|p| p.as_path()).zip(&self.files))
+    }
+
     /// Reads with `pread` from the part's file (reordering rows as it goes), never through the
     /// map and without making the lazy copy; from the copy if it already exists.
     fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {

@@ -1,0 +1,139 @@
+//! The grouped copy kept in the cache: used only while it is exactly the copy of these weights,
+//! rebuilt otherwise, and never a reason for a run to fail.
+
+use super::*;
+use crate::grouped::GroupedWeights;
+use crate::grouped::tests::grouped_spec;
+use kiln_core::grouped::pack;
+use std::sync::Arc;
+
+/// Weights in memory that say which files they come from.
+struct FromFiles {
+    bytes: Vec<Vec<u8>>,
+    origin: Option<(String, String)>,
+}
+
+impl WeightSource for FromFiles {
+    fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
+        Ok(self.bytes[id.0 as usize].as_ptr())
+    }
+    fn origin(&self) -> Option<(String, String)> {
+        self.origin.clone()
+    }
+}
+
+fn source(spec: &ModelSpec, seed: usize, state: &str) -> Arc<FromFiles> {
+    let bytes = spec
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(w, t)| (0..t.bytes()).map(|i| (i * 31 + w * 7 + seed) as u8).collect())
+        .collect();
+    Arc::new(FromFiles {
+        bytes,
+        origin: Some(("/models/m/model.safetensors\n".into(), state.into())),
+    })
+}
+
+/// A fresh folder under the system's temporary one.
+fn folder(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-grouped-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Opens `source` through the store in `dir`: (mapped from the cache, notes); checks every
+/// grouped tensor holds the packed bytes of `source`'s.
+fn open(spec: &ModelSpec, source: &Arc<FromFiles>, dir: &Path) -> (bool, Vec<String>) {
+    let w = GroupedWeights::wrap(spec, source.clone(), 2, Some(dir)).expect("wrapped");
+    for (id, t) in spec.weight_ids() {
+        let Some(order) = t.row_groups else { continue };
+        let original = &source.bytes[id.0 as usize];
+        let mut want = vec![0u8; original.len()];
+        pack(order, original, &mut want, t.row_bytes() / 2);
+        let ptr = w.weights.weight_ptr(id).expect("a pointer");
+        // SAFETY: the wrapper's pointer for `id` holds the tensor's `t.bytes()` bytes.
+        let got = unsafe { std::slice::from_raw_parts(ptr, t.bytes()) };
+        assert_eq!(got, &want[..], "{}", t.name);
+    }
+    (w.from_cache, w.notes)
+}
+
+fn stored_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    v.sort();
+    v
+}
+
+/// The first start packs and keeps the copy (one file, no temporary left); the next maps it.
+#[test]
+fn the_first_start_keeps_the_copy_and_the_next_maps_it() {
+    let spec = grouped_spec();
+    let dir = folder("keep");
+    let src = source(&spec, 0, "1 2 3");
+    assert_eq!(open(&spec, &src, &dir), (false, vec![]));
+    let files = stored_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].extension().unwrap(), "grp");
+    let layout = Layout::of(&spec);
+    assert_eq!(
+        std::fs::metadata(&files[0]).unwrap().len(),
+        (DATA_START + layout.len) as u64
+    );
+    assert_eq!(open(&spec, &src, &dir), (true, vec![]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A changed file (new size, time or inode) replaces the copy under the same name; a copy
+/// made for another state of the files is never read.
+#[test]
+fn a_changed_source_rebuilds_the_copy_in_place() {
+    let spec = grouped_spec();
+    let dir = folder("changed");
+    assert!(!open(&spec, &source(&spec, 0, "1 2 3"), &dir).0);
+    let name = stored_files(&dir);
+    // New bytes, as a rewritten file holds them (`open` checks every tensor).
+    assert!(!open(&spec, &source(&spec, 5, "1 2 4"), &dir).0, "new state");
+    assert!(open(&spec, &source(&spec, 5, "1 2 4"), &dir).0);
+    assert_eq!(stored_files(&dir), name, "replaced, not added");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A truncated copy, or one whose header names other weights, is rebuilt, not mapped.
+#[test]
+fn a_damaged_copy_is_rebuilt() {
+    let spec = grouped_spec();
+    let dir = folder("damaged");
+    let src = source(&spec, 0, "7");
+    open(&spec, &src, &dir);
+    let file = stored_files(&dir).remove(0);
+    let full = std::fs::metadata(&file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(full - 4096).unwrap();
+    assert!(!open(&spec, &src, &dir).0, "truncated");
+    assert!(open(&spec, &src, &dir).0, "rewritten whole");
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.write_all_at(&[0xff; 4], 20).unwrap();
+    assert!(!open(&spec, &src, &dir).0, "another digest");
+    assert!(open(&spec, &src, &dir).0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A folder that cannot be written (a file stands in its place) costs a note, not the run;
+/// a source with no origin is never stored.
+#[test]
+fn an_unwritable_folder_or_an_unknown_origin_keeps_nothing() {
+    let spec = grouped_spec();
+    let dir = folder("unwritable");
+    std::fs::write(&dir, b"not a folder").unwrap();
+    let (mapped, notes) = open(&spec, &source(&spec, 0, "1"), &dir);
+    assert!(!mapped);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("not kept in the cache"), "{notes:?}");
+    std::fs::remove_file(&dir).unwrap();
+    let dir = folder("unknown");
+    let mut anonymous = source(&spec, 0, "1");
+    Arc::get_mut(&mut anonymous).unwrap().origin = None;
+    assert_eq!(open(&spec, &anonymous, &dir), (false, vec![]));
+    assert!(!dir.exists());
+}
