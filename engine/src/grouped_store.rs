@@ -94,10 +94,6 @@ impl Store {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn header(&self, len: usize) -> Vec<u8> {
         let mut h = Vec::with_capacity(64);
         h.extend_from_slice(MAGIC);
