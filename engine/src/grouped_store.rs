@@ -126,6 +126,7 @@ impl Store {
     pub fn save(&self, data: &[u8]) -> Result<(), String> {
         let folder = self.path.parent().ok_or("no folder")?;
         std::fs::create_dir_all(folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        remove_abandoned(&self.path);
         let tmp = self.path.with_extension(format!("tmp-{}", std::process::id()));
         let written = (|| {
             let mut f = File::create(&tmp)?;
@@ -142,6 +143,29 @@ impl Store {
                 _ => Err(format!("{}: {e}", self.path.display())),
             }
         })
+    }
+}
+
+/// Removes the temporary files of `path` (`<name>.tmp-<pid>`) that a process no longer running
+/// left (killed while writing its copy, which can be as large as the model), so they do not
+/// pile up in the cache. Best effort.
+fn remove_abandoned(path: &Path) {
+    let (Some(folder), Some(stem)) = (path.parent(), path.file_stem().and_then(|s| s.to_str())) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    let prefix = format!("{stem}.tmp-");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 

@@ -137,3 +137,25 @@ fn an_unwritable_folder_or_an_unknown_origin_keeps_nothing() {
     assert_eq!(open(&spec, &anonymous, &dir), (false, vec![]));
     assert!(!dir.exists());
 }
+
+/// A temporary copy left by a process that no longer runs is removed by the next write; one
+/// of a running process (pid 1, always there) is left alone.
+#[test]
+fn abandoned_temporary_copies_are_removed() {
+    let spec = grouped_spec();
+    let dir = folder("abandoned");
+    let src = source(&spec, 0, "1");
+    open(&spec, &src, &dir);
+    let stored = stored_files(&dir).remove(0);
+    // No process has pid u32::MAX - 1 (Linux pids stay below 2^22).
+    let dead = stored.with_extension(format!("tmp-{}", u32::MAX - 1));
+    let alive = stored.with_extension("tmp-1");
+    std::fs::write(&dead, b"half a copy").unwrap();
+    std::fs::write(&alive, b"being written").unwrap();
+    // A changed source writes again.
+    assert!(!open(&spec, &source(&spec, 1, "2"), &dir).0);
+    assert!(!dead.exists(), "abandoned copy removed");
+    assert!(alive.exists(), "a running writer's copy kept");
+    assert!(stored.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
