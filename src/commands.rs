@@ -481,11 +481,23 @@ pub fn cache_list(as_json: bool) -> Result<()> {
         outln!("{}", serde_json::Value::Array(items))?;
         return Ok(());
     }
-    if entries.is_empty() {
+    let grouped = cache.root().join(kiln_cache::GROUPED_COPIES);
+    let copies: Vec<u64> = std::fs::read_dir(&grouped)
+        .map(|d| d.flatten().filter_map(|f| f.metadata().ok()).map(|m| m.len()).collect())
+        .unwrap_or_default();
+    if entries.is_empty() && copies.is_empty() {
         outln!("cache {} is empty", cache.root().display())?;
         return Ok(());
     }
     outln!("cache {}", cache.root().display())?;
+    if !copies.is_empty() {
+        let bytes = human_bytes(copies.iter().sum());
+        outln!(
+            "{bytes} in {} row-grouped weight copies ({})",
+            copies.len(),
+            grouped.display()
+        )?;
+    }
     for e in &entries {
         let model = e
             .info()

@@ -1,7 +1,7 @@
 //! The row-grouped copy of a model's weights kept in the cache (`<cache>/grouped/`), end to end:
 //! the first run keeps it, later runs map it without writing, a damaged or stale copy is rebuilt
-//! and never read, `kiln cache clean --all` removes it, and every run prints what the same model
-//! prints read row-major (`--ram-budget` never groups).
+//! and never read, `kiln cache list` counts it, `kiln cache clean --all` removes it, and every
+//! run prints what the same model prints read row-major (`--ram-budget` never groups).
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -143,6 +143,10 @@ fn the_grouped_copy_is_kept_mapped_rebuilt_and_cleaned() {
     assert_ne!(changed, first, "the new weights change the output");
     assert_eq!(generate(cache.path(), model.path(), &[]), changed);
     assert_eq!(copies(cache.path()), kept, "replaced under the same name");
+
+    let o = kiln(cache.path(), &["cache", "list"]);
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("in 1 row-grouped weight copies"), "{listed}");
 
     let o = kiln(cache.path(), &["cache", "clean", "--all"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
