@@ -3,25 +3,16 @@
 //! and never read, `kiln cache list` counts it, `kiln cache clean --all` removes it, and every
 //! run prints what the same model prints read row-major (`--ram-budget` never groups).
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::kiln;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 /// The llama fixture's MLP width, and the one this test gives it: whole groups of 16 rows, so
 /// its gate and up projections are grouped.
 const FIXTURE_MLP: usize = 136;
 const GROUPED_MLP: usize = 144;
-
-fn kiln(cache: &Path, args: &[&str]) -> Output {
-    Command::new(KILN)
-        .args(args)
-        .env("KILN_CACHE_DIR", cache)
-        .env_remove("KILN_PROFILE")
-        .env_remove("KILN_RESIDENT")
-        .output()
-        .expect("kiln runs")
-}
 
 /// Greedy text for a fixed prompt; stderr must hold no warning.
 fn generate(cache: &Path, model: &Path, extra: &[&str]) -> String {

@@ -6,11 +6,13 @@
 // Test diagnostics go to the harness's stderr; clippy.toml bans the print macros for the CLI.
 #![allow(clippy::disallowed_macros)]
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::kiln;
 use kiln::session::{OpenOptions, Session};
 use kiln_core::budget::{self, Footprint, Placement};
 use kiln_text::sampler::argmax;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// Rows per prefill block: small, so a fixture prompt spans several blocks (blocks after which
@@ -181,16 +183,6 @@ fn batched_steps_are_the_same_under_a_budget() {
         }
         assert!(results[0] == results[1], "{name}: batched logits differ under a budget");
     }
-}
-
-fn kiln(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env("KILN_CACHE_DIR", cache)
-        .env_remove("KILN_PROFILE")
-        .env_remove("KILN_RESIDENT")
-        .output()
-        .expect("kiln runs")
 }
 
 /// A size that does not parse, a budget below the smallest that works, and a budget with
