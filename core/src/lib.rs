@@ -15,6 +15,7 @@ pub mod graph;
 pub mod grouped;
 pub mod kernel;
 pub mod ops;
+pub mod pages;
 pub mod rope;
 pub mod spec;
 pub mod target;

@@ -221,27 +221,22 @@ impl MappedCopy {
     }
 
     /// Maps every page now, in 16 MiB chunks that `threads` threads claim in turn, rather than
-    /// at the kernels' first reads.
+    /// at the kernels' first reads (as the loaders page in the weight files: not a copy of more
+    /// than half the memory, which would only push other pages out).
     fn page_in(&self, threads: usize) {
         const CHUNK: usize = 16 << 20;
-        let next = std::sync::atomic::AtomicUsize::new(DATA_START / CHUNK);
-        let base = self.ptr.as_ptr() as usize;
+        if self.len as u64 > kiln_core::budget::physical_memory() / 2 {
+            return;
+        }
+        // SAFETY: the whole mapping, readable and alive as long as `self`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr() as *const u8, self.len) };
+        let chunks: Vec<&[u8]> = bytes.chunks(CHUNK).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..threads.max(1) {
                 s.spawn(|| {
-                    loop {
-                        let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * CHUNK;
-                        if at >= self.len {
-                            break;
-                        }
-                        // SAFETY: advice on a range inside this mapping; it only maps pages.
-                        unsafe {
-                            libc::madvise(
-                                (base + at) as *mut libc::c_void,
-                                CHUNK.min(self.len - at),
-                                libc::MADV_POPULATE_READ,
-                            )
-                        };
+                    while let Some(c) = chunks.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        kiln_core::pages::page_in(c);
                     }
                 });
             }

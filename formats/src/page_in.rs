@@ -29,6 +29,7 @@
 //! (folder), copies just written included.
 
 use kiln_core::budget::physical_memory;
+pub use kiln_core::pages::page_in;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,28 +104,6 @@ impl<'a> Pager<'a> {
         while let Some(chunk) = self.chunks.get(self.next.fetch_add(1, Ordering::Relaxed)) {
             page_in(chunk);
         }
-    }
-}
-
-/// Asks the kernel to map every page of `bytes` (part of a file mapping) now, as reads would:
-/// `MADV_POPULATE_READ` (Linux 5.14), else `MADV_WILLNEED` (read-ahead only). Best effort: an
-/// error changes nothing but the speed of the first touch. Skipped when `bytes` is more than
-/// half the machine's memory, where mapping it all would only push other pages out.
-pub fn page_in(bytes: &[u8]) {
-    if bytes.is_empty() || bytes.len() as u64 > physical_memory() / 2 {
-        return;
-    }
-    let page = page_size();
-    let start = bytes.as_ptr() as usize;
-    let aligned = start - start % page;
-    let len = bytes.len() + (start - aligned);
-    // SAFETY: madvise only reads the range's pages in on the kernel side; the range lies
-    // within (or rounds down to the page holding the start of) a mapping `bytes` borrows, so it
-    // stays mapped for the whole call.
-    let populated = unsafe { libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_POPULATE_READ) } == 0;
-    if !populated {
-        // SAFETY: as above; MADV_WILLNEED only starts read-ahead of the same range.
-        unsafe { libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_WILLNEED) };
     }
 }
 
@@ -240,12 +219,6 @@ fn parse_pmd_mapped(rollup: &str) -> Option<u64> {
     let line = rollup.lines().find(|l| l.starts_with("FilePmdMapped:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 { size as usize } else { 4096 }
 }
 
 #[cfg(test)]
