@@ -147,20 +147,28 @@ fn place(order: PieceOrder, piece: &[u8], out: &mut [u8]) {
 impl ModelSpec {
     /// Marks every tensor that kernels with `f32_lanes`-wide vectors can read in row groups
     /// ([`ModelSpec::groupable`]) with the [`PieceOrder`] kernels compiled at `precision`
-    /// read; returns how many. The copies are made in memory beside the mapped
-    /// weights, so none is marked unless the weights and the copies fit in three quarters of
-    /// `memory` bytes (0: unknown), where the page cache would not have to evict weights to
-    /// hold them. The caller decides whether the weights stay in memory at all (`--ram-budget`
-    /// streams them as stored, so it groups none).
+    /// read; returns how many. None is marked unless what stays in memory fits in three
+    /// quarters of `memory` bytes (0: unknown), where the page cache would not have to evict
+    /// weights to hold it: where the loaders page every weight file in ahead of use
+    /// ([`crate::pages::paged_in_ahead`]), the weights and the copies; on a larger model, whose
+    /// files are read only where the kernels read them, the weights (a grouped tensor's source
+    /// is read once to pack it, then never again, and its copy takes its place). The caller
+    /// decides whether the weights stay in memory at all (`--ram-budget` streams them as
+    /// stored, so it groups none).
     pub fn group_rows(&mut self, f32_lanes: usize, precision: Precision, memory: u64) -> usize {
         let ids: Vec<WeightId> = self
             .weight_ids()
             .map(|(id, _)| id)
             .filter(|&id| self.groupable(id, f32_lanes))
             .collect();
-        let weights: usize = self.weights.iter().map(|t| t.bytes()).sum();
-        let copies: usize = ids.iter().map(|&id| self.weight(id).bytes()).sum();
-        if memory > 0 && (weights + copies) as u64 > memory / 4 * 3 {
+        let weights = self.weights.iter().map(|t| t.bytes() as u64).sum::<u64>();
+        let copies = ids.iter().map(|&id| self.weight(id).bytes() as u64).sum::<u64>();
+        let resident = if crate::pages::paged_in_ahead(weights, memory) {
+            weights + copies
+        } else {
+            weights
+        };
+        if memory > 0 && resident > memory / 4 * 3 {
             return 0;
         }
         for &id in &ids {
@@ -337,8 +345,12 @@ mod tests {
         assert_eq!(
             groups(DType::BF16, 4864, 16, Precision::Exact, 768 << 20),
             0,
-            "no room for the copies"
+            "no room for the copies beside weights paged in ahead"
         );
+        // Weights of more than half the memory are read only where the kernels read them: the
+        // copies replace their sources, so the weights alone must fit.
+        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 7);
+        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 400 << 20), 0);
     }
 
     /// The pairs apply exactly where the compiler multiplies in pairs: bf16 weights, 512-bit

@@ -4,12 +4,19 @@
 
 use crate::budget::physical_memory;
 
+/// Whether `bytes` of mappings are paged in ahead of use on a machine of `memory` bytes (0:
+/// unknown): not more than half of it, where mapping them all would only push other pages out
+/// (and pages the kernels never read, such as the source of a row-grouped copy, would stay).
+pub fn paged_in_ahead(bytes: u64, memory: u64) -> bool {
+    memory == 0 || bytes <= memory / 2
+}
+
 /// Asks the kernel to map every page of `bytes` (part of a file mapping) now, as reads would:
 /// `MADV_POPULATE_READ` (Linux 5.14), else `MADV_WILLNEED` (read-ahead only). Best effort: an
-/// error changes nothing but the speed of the first touch. Skipped when `bytes` is more than
-/// half the machine's memory, where mapping it all would only push other pages out.
+/// error changes nothing but the speed of the first touch. Skipped where [`paged_in_ahead`]
+/// says no.
 pub fn page_in(bytes: &[u8]) {
-    if bytes.is_empty() || bytes.len() as u64 > physical_memory() / 2 {
+    if bytes.is_empty() || !paged_in_ahead(bytes.len() as u64, physical_memory()) {
         return;
     }
     let page = page_size();

@@ -225,7 +225,7 @@ impl MappedCopy {
     /// than half the memory, which would only push other pages out).
     fn page_in(&self, threads: usize) {
         const CHUNK: usize = 16 << 20;
-        if self.len as u64 > kiln_core::budget::physical_memory() / 2 {
+        if !kiln_core::pages::paged_in_ahead(self.len as u64, kiln_core::budget::physical_memory()) {
             return;
         }
         // SAFETY: the whole mapping, readable and alive as long as `self`.

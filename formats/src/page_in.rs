@@ -69,7 +69,7 @@ impl<'a> Pager<'a> {
             advise_huge(f.bytes);
         }
         let total: u64 = files.iter().map(|f| f.bytes.len() as u64).sum();
-        let chunks = if total > physical_memory() / 2 {
+        let chunks = if !kiln_core::pages::paged_in_ahead(total, physical_memory()) {
             Vec::new()
         } else {
             files.iter().flat_map(|f| f.bytes.chunks(CHUNK)).collect()
