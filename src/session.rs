@@ -262,7 +262,7 @@ impl PreparedModel {
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<PreparedModel> {
         let started = Instant::now();
         let path = resolve_model(path, !opts.progress)?;
-        let cache_root = opts.cache_dir.clone().or_else(|| Cache::default_root().ok());
+        let cache_root = opts.cache_root();
         let m = loader::load(
             &path,
             &LoadOptions {

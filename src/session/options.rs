@@ -114,11 +114,7 @@ pub(super) fn engine_config(opts: &OpenOptions) -> EngineConfig {
         slots: opts.slots.max(1),
         ram_budget: opts.ram_budget,
         // Without a cache folder the row-grouped copies are made at every start.
-        grouped_store: opts
-            .cache_dir
-            .clone()
-            .or_else(|| kiln_cache::Cache::default_root().ok())
-            .map(|root| root.join(kiln_cache::GROUPED_COPIES)),
+        grouped_store: opts.cache_root().map(|root| root.join(kiln_cache::GROUPED_COPIES)),
         ..EngineConfig::default()
     }
 }
@@ -145,6 +141,14 @@ pub fn compile_options(host: &HostCpu, prefill_rows: Option<usize>) -> CompileOp
 }
 
 impl OpenOptions {
+    /// The cache folder these options name, else the default one (`Cache::default_root`);
+    /// `None` when there is none (no home folder): loaders and engine then keep nothing.
+    pub fn cache_root(&self) -> Option<PathBuf> {
+        self.cache_dir
+            .clone()
+            .or_else(|| kiln_cache::Cache::default_root().ok())
+    }
+
     /// The `--ram-budget` plan for `spec` (none without a budget); an error when the budget is
     /// too small for the model and context.
     pub fn budget_plan(&self, spec: &ModelSpec) -> Result<Option<kiln_core::budget::BudgetPlan>> {
