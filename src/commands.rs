@@ -497,6 +497,14 @@ pub fn cache_list(as_json: bool) -> Result<()> {
             copies.len(),
             grouped.display()
         )?;
+        let stale = kiln_engine::grouped_store::stale_copies(&grouped);
+        if !stale.is_empty() {
+            outln!(
+                "{} of them ({}) stale: their model files are gone or changed (`kiln cache clean --stale`)",
+                stale.len(),
+                human_bytes(stale.iter().map(|s| s.1).sum())
+            )?;
+        }
     }
     for e in &entries {
         let model = e
@@ -511,19 +519,41 @@ pub fn cache_list(as_json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn cache_clean(key: Option<&str>) -> Result<()> {
+/// What `kiln cache clean` removes.
+pub enum CleanWhat {
+    /// One compiled library, by key or unique key prefix.
+    Entry(String),
+    /// The row-grouped weight copies that serve no model any more.
+    Stale,
+    /// Everything.
+    All,
+}
+
+pub fn cache_clean(what: CleanWhat) -> Result<()> {
     let root = Cache::default_root()?;
     if !root.exists() {
         outln!("cache {} is empty", root.display())?;
         return Ok(());
     }
     let cache = Cache::open(root).context("opening the cache")?;
-    match key {
-        Some(k) => {
-            let removed = cache.remove(k)?;
+    match what {
+        CleanWhat::Entry(k) => {
+            let removed = cache.remove(&k)?;
             outln!("removed {} ({})", removed.key, human_bytes(removed.bytes_on_disk))?;
         }
-        None => {
+        CleanWhat::Stale => {
+            let grouped = cache.root().join(kiln_cache::GROUPED_COPIES);
+            let (mut count, mut bytes) = (0, 0);
+            for (path, len) in kiln_engine::grouped_store::stale_copies(&grouped) {
+                std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+                (count, bytes) = (count + 1, bytes + len);
+            }
+            outln!(
+                "removed {count} stale row-grouped weight copies, freed {}",
+                human_bytes(bytes)
+            )?;
+        }
+        CleanWhat::All => {
             let report = cache.clean_all()?;
             outln!(
                 "removed {} entries, freed {}",

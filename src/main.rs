@@ -268,7 +268,8 @@ enum CacheAction {
         #[arg(long)]
         json: bool,
     },
-    /// Remove one entry (by key or unique key prefix) or, with --all, everything.
+    /// Remove one entry (by key or unique key prefix); with --stale, the row-grouped weight
+    /// copies of model files that are gone or changed; with --all, everything.
     Clean(CleanArgs),
 }
 
@@ -279,6 +280,10 @@ struct CleanArgs {
     /// Remove every entry.
     #[arg(long)]
     all: bool,
+    /// Remove only the row-grouped weight copies that serve no model any more (their model
+    /// files are gone or changed).
+    #[arg(long)]
+    stale: bool,
 }
 
 /// Options that shape the compiled library or the engine.
@@ -671,11 +676,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Cache {
             action: CacheAction::Clean(c),
         }
-        | Command::CleanCache(c) => match (c.key, c.all) {
-            (Some(_), true) => bail!("give either a KEY or --all, not both"),
-            (None, false) => bail!("give the KEY of the entry to remove (see `kiln cache list`) or --all"),
-            (key, _) => done(commands::cache_clean(key.as_deref())),
-        },
+        | Command::CleanCache(c) => done(commands::cache_clean(match (c.key, c.all, c.stale) {
+            (Some(key), false, false) => commands::CleanWhat::Entry(key),
+            (None, true, false) => commands::CleanWhat::All,
+            (None, false, true) => commands::CleanWhat::Stale,
+            (None, false, false) => {
+                bail!("give the KEY of the entry to remove (see `kiln cache list`), --stale or --all")
+            }
+            _ => bail!("give one of a KEY, --stale or --all"),
+        })),
         Command::Pull { model, quiet } => done(kiln::models::pull(&model, quiet)),
         Command::List { json } => done(kiln::models::list(json)),
         Command::Rm { model } => done(kiln::models::rm(&model)),

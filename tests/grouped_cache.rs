@@ -1,6 +1,7 @@
 //! The row-grouped copy of a model's weights kept in the cache (`<cache>/grouped/`), end to end:
 //! the first run keeps it, later runs map it without writing, a damaged or stale copy is rebuilt
-//! and never read, `kiln cache list` counts it, `kiln cache clean --all` removes it, and every
+//! and never read, `kiln cache list` counts it, `kiln cache clean --stale` removes the copy of
+//! a model that is gone and keeps the others, `kiln cache clean --all` removes it, and every
 //! run prints what the same model prints read row-major (`--ram-budget` never groups).
 
 #[path = "common/cli.rs"]
@@ -138,6 +139,26 @@ fn the_grouped_copy_is_kept_mapped_rebuilt_and_cleaned() {
     let o = kiln(cache.path(), &["cache", "list"]);
     let listed = String::from_utf8_lossy(&o.stdout);
     assert!(listed.contains("in 1 row-grouped weight copies"), "{listed}");
+    assert!(!listed.contains("stale"), "{listed}");
+
+    // A second model, then deleted: its copy is listed stale and `--stale` removes it alone.
+    let other = tempfile::tempdir().unwrap();
+    widened_llama(other.path(), 3);
+    generate(cache.path(), other.path(), &[]);
+    assert_eq!(copies(cache.path()).len(), 2);
+    drop(other);
+    let o = kiln(cache.path(), &["cache", "list"]);
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("in 2 row-grouped weight copies"), "{listed}");
+    assert!(listed.contains("1 of them"), "{listed}");
+    let o = kiln(cache.path(), &["cache", "clean", "--stale", "--all"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("one of a KEY, --stale or --all"));
+    let o = kiln(cache.path(), &["cache", "clean", "--stale"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("removed 1 stale"));
+    assert_eq!(copies(cache.path()), kept, "the live model's copy kept");
+    assert_eq!(generate(cache.path(), model.path(), &[]), changed);
 
     let o = kiln(cache.path(), &["cache", "clean", "--all"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

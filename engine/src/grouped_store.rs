@@ -8,14 +8,19 @@
 //! only, and its pages are shared between processes and reclaimable like the weights' own.
 //!
 //! A file is `DATA_START` bytes of header (magic, format version, the digest of what it
-//! holds, data length; the rest a hole), then the grouped tensors at the offsets
-//! [`Layout`] gives. Its name comes from the weight files' paths and the layout, so a changed
+//! holds, data length, the weight files' paths and state it was made from; the rest a hole),
+//! then the grouped tensors at the offsets [`Layout`] gives. Its name comes from the weight files' paths and the layout, so a changed
 //! model file replaces its copy rather than adding one; the digest adds the files' sizes,
 //! modification times, devices and inodes ([`WeightSource::origin`]), and a copy whose header
 //! or length disagrees is rebuilt. (The weights' bytes are not read for it: a tensor the
 //! source reorders on first access would be copied whole just to be sampled.) Copies are
 //! written to a temporary name, synced, then renamed, so no reader sees half a file; a write
 //! that fails (a full disk) leaves nothing behind and the run goes on with its packed copy.
+//!
+//! A copy is as large as the model's large matrices (14 GB for a 7B model in bf16), so copies
+//! that no longer serve a model are not left to pile up: each write removes the copies whose
+//! weight files are gone or changed (their headers say which files, [`stale_copies`]), and
+//! `kiln cache clean --stale` does the same on demand.
 
 use crate::engine::WeightSource;
 use kiln_core::grouped::PieceOrder;
@@ -27,13 +32,15 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-/// Format of the files; part of every digest and name.
-const VERSION: u32 = 1;
+/// Format of the files; part of every digest and name. Version 2 records the origin.
+const VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"KILNGRP\0";
 /// Where the data starts: a huge page, so the data maps in 2 MiB folios.
 pub const DATA_START: usize = 2 << 20;
 /// Each tensor starts on a page.
 const TENSOR_ALIGN: usize = 4096;
+/// The header's fixed part: magic, version, origin length, digest, data length.
+const FIXED_HEADER: usize = 8 + 4 + 4 + 32 + 8;
 
 /// Where each grouped tensor lies in the copy: `(id, order, offset, length)` in weight order,
 /// and the length of it all (whole huge pages).
@@ -74,6 +81,8 @@ impl Layout {
 pub struct Store {
     path: PathBuf,
     digest: [u8; 32],
+    /// The weight files' paths, a NUL, then their state (`crate::origin`).
+    origin: String,
 }
 
 impl Store {
@@ -91,16 +100,18 @@ impl Store {
         Some(Store {
             path: folder.join(format!("{hex}.grp")),
             digest: digest.finalize().into(),
+            origin: format!("{place}\0{state}"),
         })
     }
 
     fn header(&self, len: usize) -> Vec<u8> {
-        let mut h = Vec::with_capacity(64);
+        let mut h = Vec::with_capacity(FIXED_HEADER + self.origin.len());
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&[0; 4]);
+        h.extend_from_slice(&(self.origin.len() as u32).to_le_bytes());
         h.extend_from_slice(&self.digest);
         h.extend_from_slice(&(len as u64).to_le_bytes());
+        h.extend_from_slice(self.origin.as_bytes());
         h
     }
 
@@ -125,12 +136,24 @@ impl Store {
     /// user's folder) is not an error: it serves the copies it has, as it serves libraries.
     pub fn save(&self, data: &[u8]) -> Result<(), String> {
         let folder = self.path.parent().ok_or("no folder")?;
+        let header = self.header(data.len());
+        if header.len() > DATA_START {
+            return Err(format!(
+                "{}: the weight files' paths do not fit its header",
+                self.path.display()
+            ));
+        }
         std::fs::create_dir_all(folder).map_err(|e| format!("{}: {e}", folder.display()))?;
         remove_abandoned(&self.path);
+        for (stale, _) in stale_copies(folder) {
+            if stale != self.path {
+                let _ = std::fs::remove_file(stale);
+            }
+        }
         let tmp = self.path.with_extension(format!("tmp-{}", std::process::id()));
         let written = (|| {
             let mut f = File::create(&tmp)?;
-            f.write_all(&self.header(data.len()))?;
+            f.write_all(&header)?;
             f.write_all_at(data, DATA_START as u64)?;
             f.sync_all()?;
             drop_page_cache(&f);
@@ -144,6 +167,50 @@ impl Store {
             }
         })
     }
+}
+
+/// The copies in `folder` that serve no model any more, with their sizes: those whose weight
+/// files are gone or changed, those in an older format (no build reads them: the format is
+/// part of every name), and files there that are not copies at all. A copy in a newer format is
+/// left to the build that wrote it. A process that still maps a copy removed here keeps
+/// reading it (the file lives on until it is unmapped).
+pub fn stale_copies(folder: &Path) -> Vec<(PathBuf, u64)> {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "grp") && is_stale(p))
+        .map(|p| {
+            let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+            (p, len)
+        })
+        .collect()
+}
+
+fn is_stale(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let mut fixed = [0u8; FIXED_HEADER];
+    if file.read_exact_at(&mut fixed, 0).is_err() || &fixed[..8] != MAGIC {
+        return true;
+    }
+    let word = |at: usize| u32::from_le_bytes(fixed[at..at + 4].try_into().expect("4 bytes"));
+    match word(8).cmp(&VERSION) {
+        std::cmp::Ordering::Less => return true,
+        std::cmp::Ordering::Greater => return false,
+        std::cmp::Ordering::Equal => {}
+    }
+    let mut origin = vec![0u8; (word(12) as usize).min(DATA_START)];
+    if file.read_exact_at(&mut origin, FIXED_HEADER as u64).is_err() {
+        return true;
+    }
+    let Some((place, state)) = std::str::from_utf8(&origin).ok().and_then(|o| o.split_once('\0')) else {
+        return true;
+    };
+    crate::origin::current_state(place).as_deref() != Some(state)
 }
 
 /// Removes the temporary files of `path` (`<name>.tmp-<pid>`) that a process no longer running

@@ -159,3 +159,72 @@ fn abandoned_temporary_copies_are_removed() {
     assert!(stored.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Weights that say they come from the real file at `path` (as the loaders' sources do).
+fn source_of_file(spec: &ModelSpec, seed: usize, path: &Path) -> Arc<FromFiles> {
+    let mut s = source(spec, seed, "");
+    let file = File::open(path).unwrap();
+    Arc::get_mut(&mut s).unwrap().origin = crate::origin::of_files([(path, &file)]);
+    s
+}
+
+/// A write removes the copies whose weight files were changed or removed since, and keeps
+/// those of models still there; `stale_copies` names the same files beforehand.
+#[test]
+fn copies_of_gone_or_changed_files_are_removed_by_the_next_write() {
+    let spec = grouped_spec();
+    let dir = folder("stale");
+    let models = folder("stale-models");
+    std::fs::create_dir_all(&models).unwrap();
+    let file = |name: &str, bytes: &[u8]| {
+        let path = models.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let (a, b, c) = (file("a", b"a"), file("b", b"b"), file("c", b"c"));
+    open(&spec, &source_of_file(&spec, 0, &a), &dir);
+    open(&spec, &source_of_file(&spec, 1, &b), &dir);
+    let both = stored_files(&dir);
+    assert_eq!(both.len(), 2, "two models, two copies");
+    assert!(stale_copies(&dir).is_empty(), "both models unchanged");
+    std::fs::write(&a, b"a, rewritten").unwrap();
+    let a_copy: Vec<PathBuf> = stale_copies(&dir).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(a_copy.len(), 1);
+    assert!(
+        open(&spec, &source_of_file(&spec, 1, &b), &dir).0,
+        "b's copy still serves"
+    );
+    assert!(a_copy[0].exists(), "mapping a copy writes nothing, so removes nothing");
+    open(&spec, &source_of_file(&spec, 2, &c), &dir);
+    assert!(!a_copy[0].exists(), "the next write removed a's copy");
+    assert_eq!(stored_files(&dir).len(), 2, "b's and c's copies kept");
+    std::fs::remove_file(&b).unwrap();
+    assert_eq!(stale_copies(&dir).len(), 1, "b is gone");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&models).unwrap();
+}
+
+/// Files in the folder that are not copies, and copies in an older format, are stale; a copy
+/// in a newer format belongs to the build that wrote it; other files are not looked at.
+#[test]
+fn foreign_files_and_older_formats_are_stale_newer_formats_are_not() {
+    let dir = folder("formats");
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_version = |v: u32| {
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&v.to_le_bytes());
+        h.resize(FIXED_HEADER, 0);
+        h
+    };
+    std::fs::write(dir.join("garbage.grp"), b"not a copy").unwrap();
+    std::fs::write(dir.join("old.grp"), with_version(VERSION - 1)).unwrap();
+    std::fs::write(dir.join("new.grp"), with_version(VERSION + 1)).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"kept").unwrap();
+    let mut stale: Vec<String> = stale_copies(&dir)
+        .into_iter()
+        .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    stale.sort();
+    assert_eq!(stale, ["garbage.grp", "old.grp"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod grouped;
 pub mod grouped_store;
 pub mod library;
+pub mod origin;
 pub mod plan;
 pub mod pool;
 pub mod probe;

@@ -8,7 +8,6 @@ mod head_parts_reference;
 pub mod hub;
 pub mod loader;
 pub mod model;
-pub mod origin;
 pub mod overlap;
 pub mod page_in;
 mod pread;

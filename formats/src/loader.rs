@@ -387,7 +387,7 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn origin(&self) -> Option<(String, String)> {
-        crate::origin::of_files((0..).map_while(|i| self.weights.file_at(i)).map(|(f, p)| (p, f)))
+        kiln_engine::origin::of_files((0..).map_while(|i| self.weights.file_at(i)).map(|(f, p)| (p, f)))
     }
 }
 

@@ -381,7 +381,7 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
     }
 
     fn origin(&self) -> Option<(String, String)> {
-        crate::origin::of_files(self.paths.iter().map(|p| p.as_path()).zip(&self.files))
+        kiln_engine::origin::of_files(self.paths.iter().map(|p| p.as_path()).zip(&self.files))
     }
 
     /// Reads with `pread` from the part's file (reordering rows as it goes), never through the
