@@ -35,6 +35,7 @@ fn plain_matmul(n: usize, k: usize, wdtype: DType, max_rows: usize, grouped: boo
         softcap: None,
         max_rows,
         grouped,
+        paired: false,
     }
 }
 
@@ -690,6 +691,7 @@ fn matmul_work_split_under_concurrency() {
             softcap: None,
             max_rows: 1,
             grouped: false,
+            paired: false,
         },
         Kernel::MatMul {
             n: 1003,
@@ -702,6 +704,7 @@ fn matmul_work_split_under_concurrency() {
             softcap: None,
             max_rows: ROWS,
             grouped: false,
+            paired: false,
         },
     ];
     let options = CompileOptions::new(ROWS, lanes);

@@ -96,6 +96,10 @@ pub enum Kernel {
         /// `w` is stored in row groups ([`crate::grouped`]).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         grouped: bool,
+        /// Those groups alternate with a partner's ([`crate::grouped::GroupPair`]): group `g`
+        /// starts `2 g` groups' length after `w`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        paired: bool,
     },
     /// Decode's whole gated-MLP input side in one step: `g = x @ w_gate^T`, `u = x @ w_up^T`,
     /// then `g = act(g) * u`, each thread finishing the outputs it computed (no barrier between
@@ -113,6 +117,11 @@ pub enum Kernel {
         /// `w_gate` and `w_up` are stored in row groups ([`crate::grouped`]).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         grouped: bool,
+        /// ... as a pair ([`crate::grouped::GroupPair`]): `w_up` is `w_gate` plus one group,
+        /// each matrix's group `g` at `2 g` groups' length from its pointer, so the two are
+        /// one stream.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        paired: bool,
     },
     /// For each row `r` at the position and slot `row_info[r]` gives: optional per-head norm of
     /// q and k, the rotary embedding of q and k in place (when `rotary`), then k and v written

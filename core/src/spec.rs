@@ -127,6 +127,11 @@ pub struct Tensor {
     /// so from the cache key) when not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_groups: Option<crate::grouped::PieceOrder>,
+    /// Its row groups alternate with another tensor's ([`crate::grouped::GroupPair`]: the gate
+    /// and up projections of a gated activation), so decode's `gate_up` reads one stream. Set
+    /// by [`ModelSpec::group_rows`] beside `row_groups`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_pair: Option<crate::grouped::GroupPair>,
 }
 
 impl Tensor {
@@ -143,6 +148,11 @@ impl Tensor {
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.dtype.bytes_for(self.row_elems())
+    }
+    /// How many groups' length lies between the starts of two of its consecutive row groups:
+    /// 2 when they alternate with a partner's ([`Tensor::group_pair`]), else 1.
+    pub fn group_pitch(&self) -> usize {
+        if self.group_pair.is_some() { 2 } else { 1 }
     }
     /// The shape as stored in the file (see [`Layout`]).
     pub fn stored_shape(&self) -> Vec<usize> {

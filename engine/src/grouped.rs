@@ -26,8 +26,27 @@ pub struct GroupedWeights {
     inner: Arc<dyn WeightSource>,
     /// Every grouped tensor, at the offsets of its [`Layout`].
     backing: Backing,
-    /// Each grouped tensor's offset in the copy and its length.
-    grouped: HashMap<WeightId, (usize, usize)>,
+    /// Where each grouped tensor lies in the copy.
+    grouped: HashMap<WeightId, Placed>,
+}
+
+/// A grouped tensor's place in the copy: the offset of its first group, its length, and the
+/// distance between its groups' starts (one group's bytes, or two for a pair).
+#[derive(Clone, Copy)]
+struct Placed {
+    at: usize,
+    len: usize,
+    group_bytes: usize,
+    stride: usize,
+}
+
+impl Placed {
+    /// Where byte `offset` of the tensor (as the kernels address it, group by group) lies in
+    /// the copy, and how many bytes follow it in the same group.
+    fn locate(&self, offset: usize) -> (usize, usize) {
+        let (group, within) = (offset / self.group_bytes, offset % self.group_bytes);
+        (self.at + group * self.stride + within, self.group_bytes - within)
+    }
 }
 
 /// Where the grouped tensors are: packed by this process, or mapped from the cache.
@@ -45,9 +64,10 @@ impl Backing {
     }
 }
 
-/// A run of whole groups of one tensor: its source bytes and where they go.
+/// A run of whole groups of one tensor, or of the same groups of both tensors of a pair: their
+/// source bytes (`len` of each) and where they go (`len` times the sources' count).
 struct Piece {
-    src: *const u8,
+    srcs: Vec<*const u8>,
     dst: *mut u8,
     len: usize,
     row_elems: usize,
@@ -98,7 +118,24 @@ impl GroupedWeights {
                 ));
             }
         }
-        let grouped = layout.tensors.iter().map(|&(id, _, at, len)| (id, (at, len))).collect();
+        let grouped = layout
+            .tensors
+            .iter()
+            .map(|&(id, _, at, len)| {
+                let t = spec.weight(id);
+                let group_bytes = GROUP_ROWS * t.row_bytes();
+                let stride = group_bytes * t.group_pitch();
+                (
+                    id,
+                    Placed {
+                        at,
+                        len,
+                        group_bytes,
+                        stride,
+                    },
+                )
+            })
+            .collect();
         let store = store_folder.and_then(|f| Store::locate(f, spec, &layout, source.as_ref()));
         let mut notes = Vec::new();
         let backing = match store.as_ref().and_then(|s| s.open(layout.len, threads)) {
@@ -139,18 +176,28 @@ fn pack_all(
     let mut buf = AlignedBuf::zeroed_huge(layout.len);
     let mut pieces = Vec::new();
     for &(id, order, at, bytes) in &layout.tensors {
-        let row_bytes = spec.weight(id).row_bytes();
-        let src = source.weight_ptr(id)?;
+        let t = spec.weight(id);
+        // A pair is packed from its first tensor's entry, both tensors' groups in turn.
+        let ids = match t.group_pair {
+            None => vec![id],
+            Some(pair) if pair.second => continue,
+            Some(pair) => vec![id, pair.partner],
+        };
+        let srcs = ids
+            .iter()
+            .map(|&i| source.weight_ptr(i))
+            .collect::<Result<Vec<_>, _>>()?;
         let dst = buf.as_mut_ptr().wrapping_add(at);
-        let group_bytes = GROUP_ROWS * row_bytes;
+        let group_bytes = GROUP_ROWS * t.row_bytes();
         let per = (PIECE_BYTES / group_bytes).max(1) * group_bytes;
         for from in (0..bytes).step_by(per) {
             pieces.push(Piece {
-                // `wrapping_add` keeps the arithmetic defined; `from < bytes`, inside both.
-                src: src.wrapping_add(from),
-                dst: dst.wrapping_add(from),
+                // `wrapping_add` keeps the arithmetic defined; `from < bytes`, inside each
+                // source, and `from * srcs.len()` inside the pair's region.
+                srcs: srcs.iter().map(|s| s.wrapping_add(from)).collect(),
+                dst: dst.wrapping_add(from * srcs.len()),
                 len: per.min(bytes - from),
-                row_elems: row_bytes / 2,
+                row_elems: t.row_bytes() / 2,
                 order,
             });
         }
@@ -160,17 +207,21 @@ fn pack_all(
         for _ in 0..threads.max(1) {
             s.spawn(|| {
                 while let Some(p) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    // SAFETY: `p.src` holds `p.len` bytes of its tensor (the source checked
-                    // the tensor's size against the spec) and `p.dst` the same number of
-                    // `buf`, alive until the scope ends; no two pieces share destination
-                    // bytes, and sources are only read.
-                    let (src, dst) = unsafe {
+                    // SAFETY: each of `p.srcs` holds `p.len` bytes of its tensor (the source
+                    // checked the tensor's size against the spec) and `p.dst` that times the
+                    // sources' count of `buf` (a pair's groups of the piece are one range),
+                    // alive until the scope ends; no two pieces share destination bytes, and
+                    // sources are only read.
+                    let (srcs, dst) = unsafe {
                         (
-                            std::slice::from_raw_parts(p.src, p.len),
-                            std::slice::from_raw_parts_mut(p.dst, p.len),
+                            p.srcs
+                                .iter()
+                                .map(|&s| std::slice::from_raw_parts(s, p.len))
+                                .collect::<Vec<_>>(),
+                            std::slice::from_raw_parts_mut(p.dst, p.len * p.srcs.len()),
                         )
                     };
-                    pack(p.order, src, dst, p.row_elems);
+                    pack(p.order, &srcs, dst, p.row_elems);
                 }
             });
         }
@@ -181,23 +232,30 @@ fn pack_all(
 impl WeightSource for GroupedWeights {
     fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
         match self.grouped.get(&id) {
-            Some(&(at, _)) => Ok(self.backing.base().wrapping_add(at)),
+            Some(p) => Ok(self.backing.base().wrapping_add(p.at)),
             None => self.inner.weight_ptr(id),
         }
     }
 
     fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
-        let Some(&(at, len)) = self.grouped.get(&id) else {
+        let Some(placed) = self.grouped.get(&id) else {
             return self.inner.read_range(id, offset, dst);
         };
-        let end = offset.checked_add(dst.len()).filter(|e| *e <= len);
+        let end = offset.checked_add(dst.len()).filter(|e| *e <= placed.len);
         if end.is_none() {
             return Err(format!("weight {}: range past its end", id.0));
         }
-        // SAFETY: `at + offset + dst.len()` lies within the copy (checked above against the
-        // tensor's length, which the layout places inside it); `dst` is a distinct, writable
-        // slice.
-        unsafe { std::ptr::copy_nonoverlapping(self.backing.base().add(at + offset), dst.as_mut_ptr(), dst.len()) };
+        // Group by group: a pair's groups alternate with its partner's.
+        let mut done = 0;
+        while done < dst.len() {
+            let (from, room) = placed.locate(offset + done);
+            let n = room.min(dst.len() - done);
+            // SAFETY: `from..from + n` lies within one group of the tensor inside the copy
+            // (the range was checked above against the tensor's length, which the layout
+            // places inside it); `dst[done..done + n]` is a distinct, writable slice.
+            unsafe { std::ptr::copy_nonoverlapping(self.backing.base().add(from), dst.as_mut_ptr().add(done), n) };
+            done += n;
+        }
         Ok(())
     }
 
@@ -247,11 +305,30 @@ pub(crate) mod tests {
             4,
             "gate and up of two layers"
         );
+        assert_eq!(
+            spec.weights.iter().filter(|t| t.group_pair.is_some()).count(),
+            4,
+            "as two pairs"
+        );
         spec
     }
 
+    /// The bytes of tensor `t` as the kernels read them from `ptr`: its groups one after the
+    /// other, each `t.group_pitch()` groups' length after the one before (a pair's alternate).
+    pub(crate) fn own_groups(ptr: *const u8, t: &kiln_core::spec::Tensor) -> Vec<u8> {
+        let group = GROUP_ROWS * t.row_bytes();
+        (0..t.bytes() / group)
+            .flat_map(|g| {
+                // SAFETY: the wrapper's pointer for a grouped tensor holds its groups at this
+                // pitch, each `group` bytes long, inside the copy.
+                unsafe { std::slice::from_raw_parts(ptr.add(g * group * t.group_pitch()), group) }.to_vec()
+            })
+            .collect()
+    }
+
     /// Grouped tensors come back packed (by pointer and by range), every other one as the
-    /// source holds it; a spec that groups nothing gets the source itself.
+    /// source holds it; a spec that groups nothing gets the source itself. Gate and up are
+    /// paired, their groups alternating.
     #[test]
     fn grouped_tensors_are_packed_and_the_rest_passed_through() {
         let spec = grouped_spec();
@@ -269,17 +346,24 @@ pub(crate) mod tests {
             let original = &bytes[id.0 as usize];
             let mut want = original.clone();
             if let Some(order) = t.row_groups {
-                pack(order, original, &mut want, t.row_bytes() / 2);
+                pack(order, &[original], &mut want, t.row_bytes() / 2);
                 assert_ne!(&want, original, "{}: packing moves bytes", t.name);
             }
             let ptr = wrapped.weight_ptr(id).expect("a pointer");
-            // SAFETY: the wrapper's pointer for `id` holds the tensor's `t.bytes()` bytes.
-            let got = unsafe { std::slice::from_raw_parts(ptr, t.bytes()) };
-            assert_eq!(got, &want[..], "{}", t.name);
+            let got = match t.row_groups {
+                Some(_) => own_groups(ptr, t),
+                // SAFETY: the wrapper's pointer for `id` holds the tensor's `t.bytes()` bytes.
+                None => unsafe { std::slice::from_raw_parts(ptr, t.bytes()) }.to_vec(),
+            };
+            assert_eq!(got, want, "{}", t.name);
             let mut part = vec![0u8; 64];
             wrapped.read_range(id, 64, &mut part).expect("a range");
             assert_eq!(&part[..], &want[64..128], "{}: read_range", t.name);
             if t.row_groups.is_some() {
+                // A range across two groups (of a pair: with the partner's group between).
+                let second = GROUP_ROWS * t.row_bytes();
+                wrapped.read_range(id, second - 32, &mut part).expect("a range");
+                assert_eq!(&part[..], &want[second - 32..second + 32], "{}: across groups", t.name);
                 // The copy's buffer runs on to a whole huge page; the tensor ends before.
                 let past = wrapped.read_range(id, t.bytes() - 32, &mut part);
                 assert!(past.is_err(), "{}: a range past its end", t.name);

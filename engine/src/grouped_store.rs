@@ -23,7 +23,7 @@
 //! `kiln cache clean --stale` does the same on demand.
 
 use crate::engine::WeightSource;
-use kiln_core::grouped::PieceOrder;
+use kiln_core::grouped::{GROUP_ROWS, PieceOrder};
 use kiln_core::{ModelSpec, WeightId};
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -32,8 +32,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-/// Format of the files; part of every digest and name. Version 2 records the origin.
-const VERSION: u32 = 2;
+/// Format of the files; part of every digest and name. Version 2 records the origin; 3 stores
+/// the gate and up projections as pairs (`kiln_core::grouped::GroupPair`), so copies of
+/// version 2 are stale.
+const VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"KILNGRP\0";
 /// Where the data starts: a huge page, so the data maps in 2 MiB folios.
 pub const DATA_START: usize = 2 << 20;
@@ -42,23 +44,32 @@ const TENSOR_ALIGN: usize = 4096;
 /// The header's fixed part: magic, version, origin length, digest, data length.
 const FIXED_HEADER: usize = 8 + 4 + 4 + 32 + 8;
 
-/// Where each grouped tensor lies in the copy: `(id, order, offset, length)` in weight order,
-/// and the length of it all (whole huge pages).
+/// Where each grouped tensor lies in the copy: `(id, order, offset of its first group,
+/// length)` in weight order, and the length of it all (whole huge pages). The two tensors of a
+/// pair ([`kiln_core::grouped::GroupPair`]) share one region of twice the length, the second's
+/// first group one group after the first's.
 pub struct Layout {
     pub tensors: Vec<(WeightId, PieceOrder, usize, usize)>,
     pub len: usize,
 }
 
 impl Layout {
-    /// The tensors `spec` marks with `row_groups`, each at the next page boundary.
+    /// The tensors `spec` marks with `row_groups`, each (or each pair) at the next page
+    /// boundary.
     pub fn of(spec: &ModelSpec) -> Layout {
         let mut at = 0;
         let mut tensors = Vec::new();
         for (id, t) in spec.weight_ids() {
-            if let Some(order) = t.row_groups {
-                tensors.push((id, order, at, t.bytes()));
-                at = (at + t.bytes()).next_multiple_of(TENSOR_ALIGN);
+            let Some(order) = t.row_groups else { continue };
+            match t.group_pair {
+                None => tensors.push((id, order, at, t.bytes())),
+                Some(pair) if pair.second => continue,
+                Some(pair) => {
+                    tensors.push((id, order, at, t.bytes()));
+                    tensors.push((pair.partner, order, at + GROUP_ROWS * t.row_bytes(), t.bytes()));
+                }
             }
+            at = (at + t.bytes() * t.group_pitch()).next_multiple_of(TENSOR_ALIGN);
         }
         Layout {
             tensors,

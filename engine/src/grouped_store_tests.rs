@@ -50,11 +50,9 @@ fn open(spec: &ModelSpec, source: &Arc<FromFiles>, dir: &Path) -> (bool, Vec<Str
         let Some(order) = t.row_groups else { continue };
         let original = &source.bytes[id.0 as usize];
         let mut want = vec![0u8; original.len()];
-        pack(order, original, &mut want, t.row_bytes() / 2);
-        let ptr = w.weights.weight_ptr(id).expect("a pointer");
-        // SAFETY: the wrapper's pointer for `id` holds the tensor's `t.bytes()` bytes.
-        let got = unsafe { std::slice::from_raw_parts(ptr, t.bytes()) };
-        assert_eq!(got, &want[..], "{}", t.name);
+        pack(order, &[original], &mut want, t.row_bytes() / 2);
+        let got = crate::grouped::tests::own_groups(w.weights.weight_ptr(id).expect("a pointer"), t);
+        assert_eq!(got, want, "{}", t.name);
     }
     (w.from_cache, w.notes)
 }

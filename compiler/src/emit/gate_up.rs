@@ -41,6 +41,7 @@ pub fn emit_gate_up<'c, 'a>(
         act,
         max_rows,
         grouped,
+        paired,
     } = kernel
     else {
         unreachable!()
@@ -79,6 +80,7 @@ pub fn emit_gate_up<'c, 'a>(
         x_bf16,
         q8,
         grouped: *grouped,
+        group_pitch: if *paired { 2 } else { 1 },
     };
     let (gate_mm, up_mm) = (projection(gate, gate_q8), projection(up, up_q8));
     assert!(

@@ -89,6 +89,9 @@ pub(super) struct MatMul<'c, 'a> {
     /// The weights are stored in row groups (`kiln_core::grouped`): read in quad order only,
     /// at the grouped addresses, without software prefetch in decode.
     pub(super) grouped: bool,
+    /// Groups' lengths from one group's start to the next: 2 for a pair of matrices whose
+    /// groups alternate (`kiln_core::grouped::GroupPair`), else 1.
+    pub(super) group_pitch: usize,
 }
 
 /// The rows of `x` rounded for `--precision q8` when the mode covers weights of `dtype`.
@@ -163,6 +166,7 @@ pub fn emit_matmul<'c, 'a>(
         softcap,
         max_rows,
         grouped,
+        paired,
     } = kernel
     else {
         unreachable!()
@@ -198,6 +202,7 @@ pub fn emit_matmul<'c, 'a>(
         x_bf16: rounded.map(|r| r.buf),
         q8: q8_acts(b, d, x, *wdtype, *k, *max_rows, opts),
         grouped: *grouped,
+        group_pitch: if *paired { 2 } else { 1 },
     };
     assert!(
         !m.grouped || m.quad(*wdtype),

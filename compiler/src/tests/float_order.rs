@@ -35,6 +35,7 @@ fn matmul(n: usize, k: usize, wdtype: DType, max_rows: usize) -> Kernel {
         softcap: None,
         max_rows,
         grouped: false,
+        paired: false,
     }
 }
 

@@ -4,6 +4,9 @@
 //! quad-order width and, where the CPU has AVX512-BF16, in `--precision bf16`. Shapes: `k` of
 //! several prefill panel chunks, and `n` past one prefill block and not a multiple of it. The
 //! embedding gathers the rows of a grouped (tied) token table as it gathers row-major ones.
+//! The same from a pair of matrices whose groups alternate (`kiln_core::grouped::GroupPair`,
+//! how gate and up are stored): each matrix's matmul read at its own first group, and
+//! `gate_up` read from both.
 
 use super::{Rng, TestLib, plain_matmul as matmul, ptr, weights};
 use kiln_core::grouped::{PieceOrder, multiplies_in_pairs, pack};
@@ -17,7 +20,16 @@ const ROWS: usize = 13;
 const SHAPES: [(usize, usize); 4] = [(48, 96), (48, 4160), (16, 1024), (32, 104)];
 const DTYPES: [DType; 2] = [DType::BF16, DType::F16];
 
-fn gate_up(n: usize, k: usize, dtype: DType, grouped: bool) -> Kernel {
+/// The matmul over grouped weights, their groups alone or alternating with a partner's.
+fn grouped_matmul(n: usize, k: usize, dtype: DType, max_rows: usize, paired: bool) -> Kernel {
+    let mut kernel = matmul(n, k, dtype, max_rows, true);
+    if let Kernel::MatMul { paired: p, .. } = &mut kernel {
+        *p = paired;
+    }
+    kernel
+}
+
+fn gate_up(n: usize, k: usize, dtype: DType, grouped: bool, paired: bool) -> Kernel {
     Kernel::GateUp {
         n,
         k,
@@ -27,6 +39,7 @@ fn gate_up(n: usize, k: usize, dtype: DType, grouped: bool) -> Kernel {
         act: Act::Silu,
         max_rows: kiln_core::graph::DECODE_ROWS,
         grouped,
+        paired,
     }
 }
 
@@ -37,10 +50,13 @@ fn suite(precision: Precision) -> Vec<Kernel> {
             .into_iter()
             .filter(|&d| precision != Precision::Bf16 || d == DType::BF16)
         {
-            for grouped in [false, true] {
-                ks.push(matmul(n, k, dt, ROWS, grouped));
-                ks.push(matmul(n, k, dt, kiln_core::graph::DECODE_ROWS, grouped));
-                ks.push(gate_up(n, k, dt, grouped));
+            for max_rows in [ROWS, kiln_core::graph::DECODE_ROWS] {
+                ks.push(matmul(n, k, dt, max_rows, false));
+                ks.push(grouped_matmul(n, k, dt, max_rows, false));
+                ks.push(grouped_matmul(n, k, dt, max_rows, true));
+            }
+            for (grouped, paired) in [(false, false), (true, false), (true, true)] {
+                ks.push(gate_up(n, k, dt, grouped, paired));
             }
         }
     }
@@ -61,19 +77,15 @@ fn configs() -> Vec<(usize, Precision)> {
     out
 }
 
-/// Calls `kernel` on a copy of `x` and weights `ws` (one matrix, or gate and up) for `rows`
-/// rows, returning the bits of its `ys` outputs.
-fn run(lib: &TestLib, kernel: &Kernel, x: &[f32], ws: &mut [Vec<u8>], ys: usize, n: usize, rows: usize) -> Vec<u32> {
+/// Calls `kernel` on a copy of `x` and the weights at `ws` (one matrix, or gate and up; the
+/// kernels only read them) for `rows` rows, returning the bits of its `ys` outputs.
+fn run(lib: &TestLib, kernel: &Kernel, x: &[f32], ws: &[*mut u8], ys: usize, n: usize, rows: usize) -> Vec<u32> {
     let mut x = x.to_vec();
     let mut outs: Vec<Vec<f32>> = (0..ys).map(|_| vec![0f32; ROWS * n]).collect();
     let mut args = vec![ptr(&mut x)];
-    let (w0, rest) = ws.split_first_mut().expect("a weight");
-    let (o0, orest) = outs.split_first_mut().expect("an output");
-    args.push(ptr(w0));
-    args.push(ptr(o0));
-    if let (Some(w1), Some(o1)) = (rest.first_mut(), orest.first_mut()) {
-        args.push(ptr(w1));
-        args.push(ptr(o1));
+    for (w, o) in ws.iter().zip(outs.iter_mut()) {
+        args.push(*w);
+        args.push(ptr(o));
     }
     lib.call(kernel, &args, rows, 2);
     outs.iter()
@@ -97,42 +109,56 @@ fn grouped_weights_give_the_row_major_bits() {
             {
                 let what = format!("{dt} n {n} k {k}, {lanes} lanes, {precision:?}");
                 let x = rng.vec(ROWS * k);
-                let (wg, _) = weights(&mut rng, n * k, dt);
-                let (wu, _) = weights(&mut rng, n * k, dt);
+                let (mut wg, _) = weights(&mut rng, n * k, dt);
+                let (mut wu, _) = weights(&mut rng, n * k, dt);
                 let order = PieceOrder::for_weights(dt, multiplies_in_pairs(dt, k, lanes, precision));
                 let order = order.expect("bf16 and f16 have row groups");
-                let packed = |w: &[u8]| {
-                    let mut p = vec![0u8; w.len()];
-                    pack(order, w, &mut p, k);
+                let packed = |ws: &[&[u8]]| {
+                    let mut p = vec![0u8; ws[0].len() * ws.len()];
+                    pack(order, ws, &mut p, k);
                     p
                 };
-                let (pg, pu) = (packed(&wg), packed(&wu));
+                let (mut pg, mut pu, mut pair) = (packed(&[&wg]), packed(&[&wu]), packed(&[&wg, &wu]));
+                // The up matrix's first group is one group into the pair.
+                let (gate_in_pair, up_in_pair) = (ptr(&mut pair), ptr(&mut pair).wrapping_add(16 * k * 2));
+                let (plain, alone) = ((ptr(&mut wg), ptr(&mut wu)), (ptr(&mut pg), ptr(&mut pu)));
                 for (max_rows, rows) in [(ROWS, ROWS), (ROWS, 5), (8, 1), (8, 5)] {
-                    let (plain, grouped) = (matmul(n, k, dt, max_rows, false), matmul(n, k, dt, max_rows, true));
-                    let want = run(&lib, &plain, &x, &mut [wg.clone()], 1, n, rows);
-                    let got = run(&lib, &grouped, &x, &mut [pg.clone()], 1, n, rows);
-                    assert_eq!(got, want, "{what}: matmul of {rows} rows (block {max_rows})");
+                    let row_major = matmul(n, k, dt, max_rows, false);
+                    let (single, paired) = (
+                        grouped_matmul(n, k, dt, max_rows, false),
+                        grouped_matmul(n, k, dt, max_rows, true),
+                    );
+                    for (w, alone, in_pair) in [(plain.0, alone.0, gate_in_pair), (plain.1, alone.1, up_in_pair)] {
+                        let want = run(&lib, &row_major, &x, &[w], 1, n, rows);
+                        let got = run(&lib, &single, &x, &[alone], 1, n, rows);
+                        assert_eq!(got, want, "{what}: matmul of {rows} rows (block {max_rows})");
+                        let got = run(&lib, &paired, &x, &[in_pair], 1, n, rows);
+                        assert_eq!(got, want, "{what}: paired matmul of {rows} rows (block {max_rows})");
+                    }
                 }
                 for rows in [1, 5] {
                     let want = run(
                         &lib,
-                        &gate_up(n, k, dt, false),
+                        &gate_up(n, k, dt, false, false),
                         &x,
-                        &mut [wg.clone(), wu.clone()],
+                        &[plain.0, plain.1],
                         2,
                         n,
                         rows,
                     );
                     let got = run(
                         &lib,
-                        &gate_up(n, k, dt, true),
+                        &gate_up(n, k, dt, true, false),
                         &x,
-                        &mut [pg.clone(), pu.clone()],
+                        &[alone.0, alone.1],
                         2,
                         n,
                         rows,
                     );
                     assert_eq!(got, want, "{what}: gate_up of {rows} rows");
+                    let pair = [gate_in_pair, up_in_pair];
+                    let got = run(&lib, &gate_up(n, k, dt, true, true), &x, &pair, 2, n, rows);
+                    assert_eq!(got, want, "{what}: paired gate_up of {rows} rows");
                 }
             }
         }
@@ -172,7 +198,7 @@ fn grouped_tables_gather_the_row_major_rows() {
     for (dt, order) in cases {
         let (table, _) = weights(&mut rng, VOCAB * HIDDEN, dt);
         let mut packed = vec![0u8; table.len()];
-        pack(order, &table, &mut packed, HIDDEN);
+        pack(order, &[&table], &mut packed, HIDDEN);
         assert_ne!(packed, table, "{order:?} moves bytes");
         let gather = |kernel: &Kernel, table: &[u8]| {
             let (mut t, mut w) = (tokens.clone(), table.to_vec());

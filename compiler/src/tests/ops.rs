@@ -59,6 +59,7 @@ fn matmul(
         softcap: softcap.map(F32Bits::new),
         max_rows,
         grouped: false,
+        paired: false,
     }
 }
 
@@ -160,6 +161,7 @@ fn suite() -> Vec<Kernel> {
             act,
             max_rows: 1,
             grouped: false,
+            paired: false,
         });
     }
     out.push(matmul(None, None, Some(3.0), false, ROWS));
@@ -421,6 +423,7 @@ fn gate_up_equals_its_unfused_steps() {
                 act,
                 max_rows: 1,
                 grouped: false,
+                paired: false,
             };
             let ptrs = [
                 ptr(&mut x),

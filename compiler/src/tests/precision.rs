@@ -122,6 +122,7 @@ fn gate_up_in_bf16_pairs_equals_the_two_matmuls() {
         act: Act::Silu,
         max_rows: 1,
         grouped: false,
+        paired: false,
     };
     let lib = TestLib::build(&[gate_up.clone(), matmul(1)], &options, None);
     let mut rng = Rng(0x6a7e);

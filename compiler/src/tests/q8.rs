@@ -45,6 +45,7 @@ fn matmul(dtype: DType, n: usize, k: usize, bias: bool, accumulate: bool, max_ro
         softcap: None,
         max_rows,
         grouped: false,
+        paired: false,
     }
 }
 
@@ -204,6 +205,7 @@ fn q8_gate_up_equals_the_two_matmuls() {
             act: Act::Silu,
             max_rows: 1,
             grouped: false,
+            paired: false,
         };
         let (mg, mu) = (
             matmul(gate_dtype, n, k, false, false, 1),

@@ -145,6 +145,7 @@ fn suite(lanes: usize) -> Vec<Kernel> {
                     softcap: None,
                     max_rows,
                     grouped: false,
+                    paired: false,
                 });
             }
         }
@@ -273,6 +274,7 @@ fn quantised_matmuls_prefill_and_decode() {
                     softcap: None,
                     max_rows,
                     grouped: false,
+                    paired: false,
                 };
                 let (prefill, decode, batched) = (kernel(ROWS), kernel(1), kernel(DECODE_ROWS));
                 let mut w = random_blocks(&mut rng, dtype, n * k / dtype.block_elems(), false);

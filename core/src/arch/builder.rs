@@ -128,6 +128,7 @@ impl Builder {
             role,
             layer: self.layer,
             row_groups: None,
+            group_pair: None,
         });
         WeightId(self.spec.weights.len() as u32 - 1)
     }

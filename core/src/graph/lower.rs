@@ -168,6 +168,8 @@ fn kernel_of(spec: &ModelSpec, unit: &Unit, max_rows: usize) -> (Kernel, Vec<Arg
                 act,
                 max_rows,
                 grouped: spec.weight(wg.id).row_groups.is_some(),
+                // Fused only where both have the same pitch; a pair is always these two.
+                paired: spec.weight(wg.id).group_pair.is_some(),
             };
             let mut args = vec![
                 Arg::Buf(x),
@@ -210,6 +212,7 @@ fn linear(spec: &ModelSpec, kind: &OpKind, folded: Option<(BufId, &Norm)>, max_r
         softcap: *softcap,
         max_rows,
         grouped: t.row_groups.is_some(),
+        paired: t.group_pair.is_some(),
     };
     let input = folded.map_or(*x, |(source, _)| source);
     let mut args = vec![Arg::Buf(input), Arg::Weight(*w), Arg::Buf(*out)];
@@ -445,10 +448,13 @@ fn fuse(spec: &ModelSpec, head: bool) -> Vec<Unit<'_>> {
             continue;
         }
         // One kernel reads both matrices in one layout (a row-grouped matrix beside a
-        // row-major one stays two matmuls).
+        // row-major one, or a paired one beside an unpaired one, stays two matmuls).
         let grouped = |j: usize| match &ops[j].kind {
-            OpKind::Linear { w, .. } => spec.weight(w.id).row_groups.is_some(),
-            _ => false,
+            OpKind::Linear { w, .. } => {
+                let t = spec.weight(w.id);
+                (t.row_groups.is_some(), t.group_pitch())
+            }
+            _ => (false, 1),
         };
         let fused = fusable_gate_up(ops, a, gate, up, &source).filter(|&(pg, pu)| grouped(pg) == grouped(pu));
         if let Some((pg, pu)) = fused {

@@ -44,6 +44,7 @@ fn model(dir: &Path, layout: Layout) -> (std::path::PathBuf, ModelSpec) {
             role,
             layer: Some(0),
             row_groups: None,
+            group_pair: None,
         });
     }
     let mut bytes = w.finish();

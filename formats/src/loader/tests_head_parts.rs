@@ -45,6 +45,7 @@ fn model(dir: &Path, layout: Layout) -> (Weights, ModelSpec) {
             role,
             layer: Some(0),
             row_groups: None,
+            group_pair: None,
         });
     }
     let views: Vec<(&str, StView)> = data

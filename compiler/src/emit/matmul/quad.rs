@@ -39,7 +39,7 @@ use super::{MatMul, Part, exp_var, park_accs, resume_accs, split_blocks};
 use crate::emit::Dyn;
 use crate::ir::{Cmp, Kb};
 use kiln_core::DType;
-use kiln_core::grouped::OCTET;
+use kiln_core::grouped::{GROUP_ROWS, OCTET};
 use melior::ir::Value;
 
 mod pieces;
@@ -109,6 +109,9 @@ struct NextBlock<'c, 'a> {
     rows: usize,
     tile: Value<'c, 'a>,
     share: Share<'c, 'a>,
+    /// The matrix's row groups lie this many groups' length apart (2 for a pair): the block's
+    /// lines are then its own groups', not the rows' range read row-major.
+    pitch: usize,
 }
 
 /// How the next block's lines are shared between the full tiles of a call.
@@ -208,10 +211,20 @@ fn prefetch_next<'c>(
     let total = next_block_lines(nb.dtype, nb.rows, len);
     let start = b.addi(b.muli(nb.row0, b.idx(nb.k)), b.muli(k0, b.idx(nb.rows)));
     let slot = b.addi(b.muli(nb.tile, b.idx(iters)), i);
-    let last = b.idx(nb.n * nb.k - 1);
+    let group = GROUP_ROWS * nb.k;
+    let last = b.idx(nb.n * nb.k * nb.pitch - (nb.pitch - 1) * group - 1);
     // Flat element index into the row-major matrix (row 0, column past `k`: the same address
-    // as its row and column), clamped to the matrix.
-    let fetch = |b: Kb<'c, '_>, at: Value<'c, '_>| b.prefetch_with(nb.w, &[b.idx(0), b.minui(at, last)], 2);
+    // as its row and column), clamped to the matrix. A paired matrix's group `g` starts at
+    // `g * pitch` groups (the block starts on a group, so its lines' groups are the range's).
+    let fetch = |b: Kb<'c, '_>, at: Value<'c, '_>| {
+        if nb.pitch == 1 {
+            b.prefetch_with(nb.w, &[b.idx(0), b.minui(at, last)], 2);
+        } else {
+            let g = b.idx(group);
+            let own = b.addi(b.muli(b.divui(at, g), b.idx(nb.pitch * group)), b.remui(at, g));
+            b.prefetch_with(nb.w, &[b.idx(0), b.minui(own, last)], 2);
+        }
+    };
     match nb.share {
         Share::Fixed(tiles) => {
             let per_iter = Share::fixed_per_iter(tiles, total, iters);
@@ -274,6 +287,11 @@ impl<'c, 'a> MatMul<'c, 'a> {
     /// 512-bit cross-lane shuffles; with 8, one level of `vperm2i128` per pair of rows (2
     /// threads, weights in L3, Zen 4 EPYC: 43 -> 44 GB/s median, 55 -> 58 best).
     /// Row-grouped weights need no transposition: they take the full width.
+    /// The pitch of the row groups where the weights are grouped ([`weight_quads`]).
+    fn groups(&self) -> Option<usize> {
+        self.grouped.then_some(self.group_pitch)
+    }
+
     pub(super) fn quad_decode_lanes(&self) -> usize {
         if self.grouped {
             return self.lanes;
@@ -327,6 +345,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
                                 rows: nb,
                                 tile: b.divui(r0, b.idx(mr)),
                                 share,
+                                pitch: self.group_pitch,
                             };
                             let next = exp_var("KILN_EXP_QNOPF").is_none().then_some(next);
                             self.quad_micro(b, form, panel, r0, n0, mr, cols, vecs, *part, k0, acc, next)
@@ -388,7 +407,7 @@ impl<'c, 'a> MatMul<'c, 'a> {
             for j in 0..cols.div_ceil(o_n) {
                 let present = (cols - j * o_n).min(o_n);
                 let row0 = b.addi(n0, b.idx(j * o_n));
-                for (c, t) in weight_quads(b, w, dtype, row0, present, k, lanes, span, form, self.grouped)
+                for (c, t) in weight_quads(b, w, dtype, row0, present, k, lanes, span, form, self.groups())
                     .into_iter()
                     .enumerate()
                 {
@@ -533,7 +552,18 @@ impl<'c, 'a> MatMul<'c, 'a> {
                 let quads: Vec<Vec<Value>> = (0..vecs)
                     .map(|j| {
                         let present = (t.ncols - j * o_n).min(o_n);
-                        weight_quads(b, w, dtype, cols[j * o_n], present, kk, lanes, span, form, self.grouped)
+                        weight_quads(
+                            b,
+                            w,
+                            dtype,
+                            cols[j * o_n],
+                            present,
+                            kk,
+                            lanes,
+                            span,
+                            form,
+                            self.groups(),
+                        )
                     })
                     .collect();
                 for c in 0..span / form.piece() {

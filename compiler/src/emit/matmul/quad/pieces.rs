@@ -63,7 +63,8 @@ pub(super) fn row_span(dtype: DType, lanes: usize, k: usize, form: Form) -> usiz
 /// `O` weight rows from `row0` (only the first `present` exist; the rest read as zeros) at
 /// `k..k + span` ([`row_span`]), in quad order: `span / form.piece()` vectors (f32, or bf16
 /// pieces side by side for [`Form::Pairs`]), piece by piece in `k` order; from a row-grouped
-/// matrix where `grouped` ([`grouped_quads`]).
+/// matrix whose groups lie `pitch` groups' length apart where `grouped` is `Some(pitch)`
+/// ([`grouped_quads`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn weight_quads<'c, 'b>(
     b: Kb<'c, 'b>,
@@ -75,12 +76,12 @@ pub(super) fn weight_quads<'c, 'b>(
     lanes: usize,
     span: usize,
     form: Form,
-    grouped: bool,
+    grouped: Option<usize>,
 ) -> Vec<Value<'c, 'b>> {
     let o_n = outputs_per_vector(lanes);
-    if grouped {
+    if let Some(pitch) = grouped {
         debug_assert_eq!(present, o_n, "row groups hold whole groups");
-        return grouped_quads(b, w, dtype, row0, k, lanes, span, form);
+        return grouped_quads(b, w, dtype, row0, k, lanes, span, form, pitch);
     }
     let at = |o: usize| [b.addi(row0, b.idx(o)), k];
     if span == lanes && form == Form::Fma {
@@ -136,12 +137,13 @@ fn grouped_quads<'c, 'b>(
     lanes: usize,
     span: usize,
     form: Form,
+    pitch: usize,
 ) -> Vec<Value<'c, 'b>> {
     let order = PieceOrder::for_weights(dtype, form == Form::Pairs).expect("row groups hold bf16 or f16");
     debug_assert!(span.is_multiple_of(OCTET));
     let mut out = Vec::new();
     for c in 0..span / OCTET {
-        let at = grouped_at(b, order, row0, b.addi(k, b.idx(c * OCTET)));
+        let at = grouped_at(b, order, row0, b.addi(k, b.idx(c * OCTET)), pitch);
         match order {
             PieceOrder::Pairs => out.push(b.load_bf16s(w, &at, 2 * lanes)),
             PieceOrder::Widen => {
@@ -160,13 +162,21 @@ fn grouped_quads<'c, 'b>(
 }
 
 /// The indices of element `k` (a multiple of [`OCTET`]) of weight row `row` (a multiple of
-/// the pieces loaded together) in a row-grouped matrix (`kiln_core::grouped::offset`): `[first
-/// row of the group, offset from its start]`, an offset that runs past the row (the memref's
-/// address arithmetic is all that reads it).
-fn grouped_at<'c, 'b>(b: Kb<'c, 'b>, order: PieceOrder, row: Value<'c, 'b>, k: Value<'c, 'b>) -> [Value<'c, 'b>; 2] {
+/// the pieces loaded together) in a row-grouped matrix whose groups lie `pitch` groups'
+/// length apart (`kiln_core::grouped::offset`): `[first row of the group times the pitch,
+/// offset from the group's start]`, indices that run past the row and, for a pair, past the
+/// matrix's own rows into its partner's (the memref's address arithmetic is all that reads
+/// them: the kernels never index a weight memref otherwise).
+fn grouped_at<'c, 'b>(
+    b: Kb<'c, 'b>,
+    order: PieceOrder,
+    row: Value<'c, 'b>,
+    k: Value<'c, 'b>,
+    pitch: usize,
+) -> [Value<'c, 'b>; 2] {
     let g = b.idx(GROUP_ROWS);
     let r = b.remui(row, g);
-    let first = b.subi(row, r);
+    let first = b.muli(b.subi(row, r), b.idx(pitch));
     let octets = b.muli(b.divui(k, b.idx(OCTET)), b.idx(GROUP_ROWS * OCTET));
     // `order.within(r, 0)`: `8 r`, or `32 (r / 4) + 4 (r % 4)` for quads.
     let within = match order {
