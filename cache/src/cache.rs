@@ -6,15 +6,13 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
+use crate::check::{Check, check};
+use crate::entry::{BuildOutput, CleanReport, Entry, EntryInfo, Lookup, Meta, Outcome, Removed, Status};
 use crate::error::CacheError;
-use crate::fsutil::{
-    disk_usage, is_plain_file_name, older_than, remove_path, sha256_of, sync_dir, unique_suffix, unix_now,
-};
+use crate::folder::{Item, KeyLock, Staging, Stale, TryLock, classify, lock_file_is_current};
+use crate::fsutil::{disk_usage, is_plain_file_name, older_than, remove_path, sync_dir, unique_suffix, unix_now};
 use crate::key::{KEY_HEX_LEN, Key};
-use crate::verify::{self, LibraryKind};
+use crate::verify;
 
 /// Name of the metadata file in every entry folder.
 pub const META_FILE: &str = "meta.json";
@@ -33,199 +31,17 @@ pub const PAGE_CACHE_MARKS: &str = "page-cache";
 /// (`kiln_engine::grouped_store`), removed with everything else by [`Cache::clean_all`].
 pub const GROUPED_COPIES: &str = "grouped";
 
-const STAGING_PREFIX: &str = ".staging-";
+pub(crate) const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of folders being deleted: renaming first makes removal atomic for readers.
-const TRASH_PREFIX: &str = ".trash-";
+pub(crate) const TRASH_PREFIX: &str = ".trash-";
 /// Prefix of the empty files that earlier versions of [`Cache::open`] created to test that the
 /// folder is writable: still cleaned up when left behind.
-const PROBE_PREFIX: &str = ".probe-";
+pub(crate) const PROBE_PREFIX: &str = ".probe-";
 /// Suffix of the per-key lock files.
-const LOCK_SUFFIX: &str = ".lock";
+pub(crate) const LOCK_SUFFIX: &str = ".lock";
 /// Age after which [`Cache::get_or_build`] treats leftovers of other processes as abandoned.
 /// A staging folder is only removed if, in addition, no process holds its key's lock.
 const STALE_AGE: Duration = Duration::from_secs(60 * 60);
-
-/// What is recorded next to each library, as pretty JSON in `meta.json`.
-///
-/// The size and SHA-256 let every use detect a truncated or overwritten library before it is
-/// loaded; the rest is for people (`kiln cache list`) and for callers (`info`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Meta {
-    /// The entry's key, repeated so that a folder copied or renamed by hand is not trusted.
-    pub key: Key,
-    /// File name of the library inside the entry folder.
-    pub library: String,
-    /// SHA-256 of the library, lowercase hex.
-    pub library_sha256: String,
-    /// Size of the library in bytes: checked before hashing, so truncation is cheap to detect.
-    pub library_bytes: u64,
-    /// When the entry was built, in seconds since the Unix epoch.
-    pub created_unix: u64,
-    /// How long the builder ran, in seconds: tells users what a cache miss costs.
-    pub build_seconds: f64,
-    /// Version of Kiln that wrote the entry (the workspace shares one version).
-    pub kiln_version: String,
-    /// Whatever the builder chose to record (model, spec, CPU, kernels, LLVM version, ...). The
-    /// cache never interprets it.
-    #[serde(default)]
-    pub info: Value,
-}
-
-/// A valid cache entry: a library whose size and SHA-256 matched its meta.json when checked.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Entry {
-    /// The entry's key.
-    pub key: Key,
-    /// The entry folder, `<root>/<key>`.
-    pub dir: PathBuf,
-    /// The library to load, `<root>/<key>/<meta.library>`.
-    pub library_path: PathBuf,
-    /// The entry's meta.json.
-    pub meta: Meta,
-}
-
-impl Entry {
-    fn new(dir: PathBuf, meta: Meta) -> Entry {
-        Entry {
-            key: meta.key,
-            library_path: dir.join(&meta.library),
-            dir,
-            meta,
-        }
-    }
-}
-
-/// What a builder reports after writing its library into the staging folder.
-#[derive(Debug)]
-pub struct BuildOutput {
-    /// File name of the library the builder wrote in the staging folder (e.g. `libkiln.so`). The
-    /// cache hashes it; other files the builder leaves there are kept in the entry unchecked.
-    pub library: String,
-    /// Stored as [`Meta::info`].
-    pub info: Value,
-    /// How the library is checked before it is published.
-    pub kind: LibraryKind,
-}
-
-impl BuildOutput {
-    /// A library of any format, recorded by size and SHA-256 without further checks.
-    pub fn new(library: impl Into<String>, info: Value) -> BuildOutput {
-        BuildOutput {
-            library: library.into(),
-            info,
-            kind: LibraryKind::Opaque,
-        }
-    }
-
-    /// An ELF shared object: published only if it is structurally complete and `load_check`
-    /// (typically `dlopen` and an ABI-version check) accepts it; see [`LibraryKind`].
-    pub fn shared_object(
-        library: impl Into<String>,
-        info: Value,
-        load_check: impl FnOnce(&Path) -> Result<(), String> + 'static,
-    ) -> BuildOutput {
-        BuildOutput {
-            library: library.into(),
-            info,
-            kind: LibraryKind::SharedObject {
-                load_check: Box::new(load_check),
-            },
-        }
-    }
-}
-
-/// How [`Cache::get_or_build`] obtained its entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// A valid entry was already there; the builder was not called.
-    Hit,
-    /// There was no entry; the builder made one.
-    Built,
-    /// There was an entry but it was damaged, so it was deleted and built again. The caller
-    /// should tell the user, since it may point at a disk or a process that writes where it
-    /// should not.
-    Rebuilt {
-        /// What was wrong, naming the file (e.g. "library /c/k/libkiln.so has 10 bytes, ...").
-        reason: String,
-    },
-}
-
-/// The result of [`Cache::get_or_build`]: a valid entry and how it was obtained.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outcome {
-    /// The valid entry.
-    pub entry: Entry,
-    /// Whether it was found, built or rebuilt.
-    pub status: Status,
-}
-
-/// The result of [`Cache::lookup`].
-#[derive(Clone, Debug, PartialEq)]
-pub enum Lookup {
-    /// A valid entry.
-    Hit(Box<Entry>),
-    /// No entry for this key.
-    Missing,
-    /// An entry exists but is damaged; the reason names the file. The next
-    /// [`Cache::get_or_build`] for this key rebuilds it.
-    Corrupt(String),
-}
-
-/// One entry as reported by [`Cache::list`], valid or not.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EntryInfo {
-    /// The entry's key (its folder name).
-    pub key: Key,
-    /// The entry folder.
-    pub dir: PathBuf,
-    /// Bytes used by all files in the entry folder.
-    pub bytes_on_disk: u64,
-    /// The parsed meta.json, when it could be read (even if the library is damaged).
-    pub meta: Option<Meta>,
-    /// What is wrong with the entry, or `None` if it is valid.
-    pub problem: Option<String>,
-}
-
-impl EntryInfo {
-    /// Whether the library matches its meta.json.
-    pub fn is_valid(&self) -> bool {
-        self.problem.is_none()
-    }
-
-    /// When the entry was built (seconds since the Unix epoch), if meta.json could be read.
-    pub fn created_unix(&self) -> Option<u64> {
-        self.meta.as_ref().map(|meta| meta.created_unix)
-    }
-
-    /// The builder's [`Meta::info`], if meta.json could be read.
-    pub fn info(&self) -> Option<&Value> {
-        self.meta.as_ref().map(|meta| &meta.info)
-    }
-}
-
-/// What [`Cache::remove`] removed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Removed {
-    /// The full key of the removed entry.
-    pub key: Key,
-    /// Bytes the entry used.
-    pub bytes_on_disk: u64,
-}
-
-/// What [`Cache::clean_all`] removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CleanReport {
-    /// Keys of the entries removed, valid or not.
-    pub entries_removed: Vec<Key>,
-    /// Staging, trash and probe folders or files left behind by interrupted processes.
-    pub stale_removed: usize,
-    /// Lock files removed (only those no process held).
-    pub locks_removed: usize,
-    /// Bytes used by everything removed.
-    pub bytes_freed: u64,
-    /// Staging folders left alone because a process is building into them right now.
-    pub in_progress: Vec<PathBuf>,
-}
 
 /// A cache folder holding one entry folder per key.
 ///
@@ -291,7 +107,7 @@ impl Cache {
     /// lock, a rebuild running at the same moment can make it report `Missing` or `Corrupt`
     /// transiently; it never reports a damaged entry as a hit.
     pub fn lookup(&self, key: &Key) -> Result<Lookup, CacheError> {
-        Ok(match self.check(key)? {
+        Ok(match check(self.entry_dir(key), key)? {
             Check::Valid(meta) => Lookup::Hit(Box::new(Entry::new(self.entry_dir(key), meta))),
             Check::Missing => Lookup::Missing,
             Check::Corrupt { reason, .. } => Lookup::Corrupt(reason),
@@ -325,7 +141,7 @@ impl Cache {
         E: From<CacheError>,
     {
         let dir = self.entry_dir(key);
-        if let Check::Valid(meta) = self.check(key)? {
+        if let Check::Valid(meta) = check(self.entry_dir(key), key)? {
             return Ok(Outcome {
                 entry: Entry::new(dir, meta),
                 status: Status::Hit,
@@ -337,7 +153,7 @@ impl Cache {
         let _ = self.remove_stale(Some(STALE_AGE));
         let lock = self.lock_exclusive(key).map_err(|err| self.not_writable(key, err))?;
         // Checked again: another process may have built the entry while this one waited.
-        let status = match self.check(key)? {
+        let status = match check(self.entry_dir(key), key)? {
             Check::Valid(meta) => {
                 return Ok(Outcome {
                     entry: Entry::new(dir, meta),
@@ -370,7 +186,7 @@ impl Cache {
         let mut infos = Vec::new();
         for key in self.entry_keys()? {
             let dir = self.entry_dir(&key);
-            let (meta, problem) = match self.check(&key) {
+            let (meta, problem) = match check(self.entry_dir(&key), &key) {
                 Ok(Check::Valid(meta)) => (Some(meta), None),
                 // Removed since the folder was read.
                 Ok(Check::Missing) => continue,
@@ -598,115 +414,6 @@ impl Cache {
         })
     }
 
-    /// Verifies the entry for `key`: meta.json parses and names this key, and the library has
-    /// the recorded size and SHA-256. Reads the library exactly once.
-    ///
-    /// Damage is a [`Check::Corrupt`] with a reason naming the file; only failures that a
-    /// rebuild could not fix either (permission denied, an unreadable folder) are errors.
-    fn check(&self, key: &Key) -> Result<Check, CacheError> {
-        let dir = self.entry_dir(key);
-        match fs::symlink_metadata(&dir) {
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Check::Missing),
-            Err(err) => return Err(CacheError::io("cannot inspect cache entry", &dir)(err)),
-            Ok(meta) if !meta.is_dir() => {
-                return Ok(Check::corrupt(format!("{} is not a folder", dir.display()), None));
-            }
-            Ok(_) => {}
-        }
-
-        let meta_path = dir.join(META_FILE);
-        let text = match fs::read(&meta_path) {
-            Ok(text) => text,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Ok(Check::corrupt(format!("{} is missing", meta_path.display()), None));
-            }
-            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
-                return Err(CacheError::io("cannot read", &meta_path)(err));
-            }
-            Err(err) => {
-                let reason = format!("{} cannot be read: {err}", meta_path.display());
-                return Ok(Check::corrupt(reason, None));
-            }
-        };
-        let meta: Meta = match serde_json::from_slice(&text) {
-            Ok(meta) => meta,
-            Err(err) => {
-                let reason = format!("{} cannot be parsed: {err}", meta_path.display());
-                return Ok(Check::corrupt(reason, None));
-            }
-        };
-        if meta.key != *key {
-            let reason = format!("{} is for key {}, expected {key}", meta_path.display(), meta.key);
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-        if !is_plain_file_name(&meta.library) || meta.library == META_FILE {
-            let reason = format!(
-                "{} names library {:?}, which is not a plain file name",
-                meta_path.display(),
-                meta.library
-            );
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-
-        let library = dir.join(&meta.library);
-        let mut file = match File::open(&library) {
-            Ok(file) => file,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                let reason = format!("library {} is missing", library.display());
-                return Ok(Check::corrupt(reason, Some(meta)));
-            }
-            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
-                return Err(CacheError::io("cannot read", &library)(err));
-            }
-            Err(err) => {
-                let reason = format!("library {} cannot be read: {err}", library.display());
-                return Ok(Check::corrupt(reason, Some(meta)));
-            }
-        };
-        let file_meta = match file.metadata() {
-            Ok(file_meta) => file_meta,
-            Err(err) => {
-                let reason = format!("library {} cannot be inspected: {err}", library.display());
-                return Ok(Check::corrupt(reason, Some(meta)));
-            }
-        };
-        if !file_meta.is_file() {
-            let reason = format!("library {} is not a regular file", library.display());
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-        if file_meta.len() != meta.library_bytes {
-            let reason = format!(
-                "library {} has {} bytes, {} records {} (truncated or overwritten)",
-                library.display(),
-                file_meta.len(),
-                META_FILE,
-                meta.library_bytes
-            );
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-        let (sha256, bytes) = match sha256_of(&mut file) {
-            Ok(hashed) => hashed,
-            Err(err) => {
-                let reason = format!("library {} cannot be read: {err}", library.display());
-                return Ok(Check::corrupt(reason, Some(meta)));
-            }
-        };
-        if bytes != meta.library_bytes {
-            let reason = format!("library {} changed size while being read", library.display());
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-        if sha256 != meta.library_sha256 {
-            let reason = format!(
-                "library {} has SHA-256 {sha256}, {} records {} (overwritten or damaged)",
-                library.display(),
-                META_FILE,
-                meta.library_sha256
-            );
-            return Ok(Check::corrupt(reason, Some(meta)));
-        }
-        Ok(Check::Valid(meta))
-    }
-
     /// Renames an entry folder (or whatever is at its path) to a fresh trash name, which makes it
     /// disappear atomically; returns the trash path to delete.
     fn move_to_trash(&self, key: &Key, dir: &Path) -> Result<PathBuf, CacheError> {
@@ -823,118 +530,4 @@ pub(crate) fn root_from_env(
         return Ok(home.join(".cache").join("kiln"));
     }
     Err(CacheError::NoCacheDir)
-}
-
-/// Outcome of verifying an entry folder.
-enum Check {
-    Valid(Meta),
-    Missing,
-    Corrupt { reason: String, meta: Option<Meta> },
-}
-
-impl Check {
-    fn corrupt(reason: String, meta: Option<Meta>) -> Check {
-        Check::Corrupt { reason, meta }
-    }
-}
-
-/// What a name in the cache folder is.
-enum Item {
-    /// `<key>`: an entry folder.
-    Entry(Key),
-    /// `<key>.lock`.
-    Lock(Key),
-    /// `.staging-<key>-...`; the key is `None` if the name is mangled.
-    Staging(Option<Key>),
-    /// `.trash-...` or `.probe-...`.
-    Leftover,
-    /// Not a name the cache uses.
-    Other,
-}
-
-fn classify(name: &str) -> Item {
-    if let Some(key) = Key::from_folder_name(name) {
-        return Item::Entry(key);
-    }
-    if let Some(key) = name.strip_suffix(LOCK_SUFFIX).and_then(Key::from_folder_name) {
-        return Item::Lock(key);
-    }
-    if let Some(rest) = name.strip_prefix(STAGING_PREFIX) {
-        let key = rest
-            .get(..KEY_HEX_LEN)
-            .filter(|_| rest.as_bytes().get(KEY_HEX_LEN) == Some(&b'-'))
-            .and_then(Key::from_folder_name);
-        return Item::Staging(key);
-    }
-    if name.starts_with(TRASH_PREFIX) || name.starts_with(PROBE_PREFIX) {
-        return Item::Leftover;
-    }
-    Item::Other
-}
-
-/// Leftovers found by [`Cache::remove_stale`].
-#[derive(Default)]
-struct Stale {
-    removed: usize,
-    bytes: u64,
-    in_progress: Vec<PathBuf>,
-}
-
-/// An exclusive hold on a key's lock file, released when dropped (closing the file releases
-/// the lock, also when the process dies).
-pub(crate) struct KeyLock {
-    file: File,
-    path: PathBuf,
-}
-
-impl KeyLock {
-    /// Deletes the lock file while still holding it, then releases it; returns whether it was
-    /// deleted. Waiters notice the deletion and retry on a new file (see
-    /// [`Cache::lock_exclusive`]). Only done where that check is possible (Unix).
-    fn unlink(self) -> bool {
-        let deleted = cfg!(unix) && fs::remove_file(&self.path).is_ok();
-        drop(self.file);
-        deleted
-    }
-}
-
-enum TryLock {
-    Acquired(KeyLock),
-    Held,
-    Absent,
-}
-
-/// Whether `file` (which we hold locked) is still the file at `path`.
-#[cfg(unix)]
-fn lock_file_is_current(file: &File, path: &Path) -> io::Result<bool> {
-    use std::os::unix::fs::MetadataExt;
-    let held = file.metadata()?;
-    match fs::metadata(path) {
-        Ok(now) => Ok(now.dev() == held.dev() && now.ino() == held.ino()),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(err) => Err(err),
-    }
-}
-
-/// Lock files are never deleted where this cannot be checked, so the held file is current.
-#[cfg(not(unix))]
-fn lock_file_is_current(_file: &File, _path: &Path) -> io::Result<bool> {
-    Ok(true)
-}
-
-/// A staging folder, deleted when dropped unless it was committed: covers builder errors,
-/// builder panics (during unwinding) and cache errors alike. While it lives it is registered for
-/// [`crate::remove_active_staging`] (a signal ending the process).
-struct Staging {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        crate::active::unregister(&self.path);
-        if !self.keep {
-            let _ = remove_path(&self.path);
-        }
-    }
 }

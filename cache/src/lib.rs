@@ -39,17 +39,18 @@
 
 mod active;
 mod cache;
+mod check;
 mod elf;
+mod entry;
 mod error;
+mod folder;
 mod fsutil;
 mod key;
 mod verify;
 
 pub use active::remove_active_staging;
-pub use cache::{
-    BuildOutput, Cache, CleanReport, Entry, EntryInfo, GROUPED_COPIES, Lookup, META_FILE, Meta, Outcome,
-    PAGE_CACHE_MARKS, Removed, Status, TOKENIZER_TABLES,
-};
+pub use cache::{Cache, GROUPED_COPIES, META_FILE, PAGE_CACHE_MARKS, TOKENIZER_TABLES};
+pub use entry::{BuildOutput, CleanReport, Entry, EntryInfo, Lookup, Meta, Outcome, Removed, Status};
 pub use error::CacheError;
 pub use key::{KEY_HEX_LEN, Key};
 pub use verify::{LibraryKind, LoadCheck};
