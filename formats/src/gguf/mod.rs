@@ -34,10 +34,12 @@ pub mod error;
 pub mod model;
 pub mod parse;
 pub mod permute;
+mod reader;
 pub mod split;
 pub mod strings;
 pub mod tokenizer;
 pub mod tokenizer_doc;
+mod value;
 pub mod weights;
 
 #[cfg(test)]
