@@ -237,6 +237,18 @@ pub struct Session {
     pub open_seconds: f64,
 }
 
+impl Drop for Session {
+    /// Says, as the session ends, what went wrong with the work its engine did in the
+    /// background (a row-grouped copy that could not be kept in the cache: the next start
+    /// packs it again). Written on stderr like the warnings at open; a failed write of the
+    /// warning itself is ignored, as the process is ending.
+    fn drop(&mut self) {
+        for note in self.engine.finish_writes() {
+            let _ = errln!("warning: {note}");
+        }
+    }
+}
+
 /// A model read and checked, with its tokenizer, before any library is compiled or loaded:
 /// the place to reject a prompt that cannot fit before paying for a compile.
 pub struct PreparedModel {

@@ -153,6 +153,8 @@ pub struct Engine {
     weights: Arc<dyn WeightSource>,
     library: KernelLibrary,
     notes: Vec<String>,
+    /// The row-grouped copy being kept in the cache while the model runs.
+    writing: Option<crate::grouped::PendingWrite>,
 }
 
 impl Engine {
@@ -194,7 +196,7 @@ impl Engine {
         }
         let wrapped = crate::grouped::GroupedWeights::wrap(spec, weights, threads, config.grouped_store.as_deref())
             .map_err(EngineError::Plan)?;
-        let weights = wrapped.weights;
+        let (weights, writing) = (wrapped.weights, wrapped.writing);
         let streaming = match config.ram_budget {
             Some(b) => {
                 let plan = budget::plan(&budget::Footprint::of(spec, block_rows, ctx, config.slots), b)?;
@@ -250,12 +252,20 @@ impl Engine {
             weights,
             library,
             notes: wrapped.notes,
+            writing,
         })
     }
 
     /// What the caller should tell the user about opening the engine (warnings).
     pub fn notes(&self) -> &[String] {
         &self.notes
+    }
+
+    /// Waits for the work the engine left running in the background (the row-grouped copy
+    /// being written to the cache) and returns what the caller should tell the user about it.
+    /// Dropping the engine waits too, silently.
+    pub fn finish_writes(&mut self) -> Vec<String> {
+        self.writing.take().and_then(|w| w.wait()).into_iter().collect()
     }
 
     /// Prefills `tokens` like [`Engine::prefill`] but one layer at a time, returning the
@@ -599,4 +609,12 @@ pub struct PlanProfile {
     /// Per thread: nanoseconds waited at barriers over all runs (load imbalance plus the
     /// barrier's own cost).
     pub barrier_wait_nanos: Vec<u64>,
+}
+
+impl Drop for Engine {
+    /// Waits for the row-grouped copy being written, so a process that ends normally keeps it
+    /// (a killed one leaves a temporary file, removed by a later write).
+    fn drop(&mut self) {
+        self.finish_writes();
+    }
 }

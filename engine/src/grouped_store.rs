@@ -141,13 +141,23 @@ impl Store {
         Some(copy)
     }
 
-    /// Writes `data` as this store's copy: to a temporary name beside it, synced, then renamed
-    /// over it; its pages are then dropped from the page cache, so the next start maps it
-    /// read back in huge folios. A cache that may not be written (a read-only mount, another
-    /// user's folder) is not an error: it serves the copies it has, as it serves libraries.
+    /// Writes `data` as this store's copy ([`Store::begin`], then [`CopyWriter::finish`]).
     pub fn save(&self, data: &[u8]) -> Result<(), String> {
+        match self.begin(data.len())? {
+            Some(writer) => writer.finish(data),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts this store's copy of `len` data bytes: makes the folder, removes abandoned
+    /// temporary copies and stale copies, and creates the temporary file with the header, so
+    /// that what can fail at once (an unwritable cache) fails here, before the model runs; the
+    /// data follow with [`CopyWriter::finish`], which may run on another thread. `None` for a
+    /// cache that may not be written (a read-only mount, another user's folder): not an error,
+    /// it serves the copies it has, as it serves libraries.
+    pub fn begin(&self, len: usize) -> Result<Option<CopyWriter>, String> {
         let folder = self.path.parent().ok_or("no folder")?;
-        let header = self.header(data.len());
+        let header = self.header(len);
         if header.len() > DATA_START {
             return Err(format!(
                 "{}: the weight files' paths do not fit its header",
@@ -162,20 +172,49 @@ impl Store {
             }
         }
         let tmp = self.path.with_extension(format!("tmp-{}", std::process::id()));
-        let written = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&header)?;
-            f.write_all_at(data, DATA_START as u64)?;
-            f.sync_all()?;
-            drop_page_cache(&f);
-            std::fs::rename(&tmp, &self.path)
-        })();
-        written.or_else(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            match e.kind() {
-                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => Ok(()),
-                _ => Err(format!("{}: {e}", self.path.display())),
+        let created = File::create(&tmp).and_then(|mut f| f.write_all(&header).map(|()| f));
+        match created {
+            Ok(file) => Ok(Some(CopyWriter {
+                file,
+                tmp,
+                path: self.path.clone(),
+                len,
+            })),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                match e.kind() {
+                    std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => Ok(None),
+                    _ => Err(format!("{}: {e}", self.path.display())),
+                }
             }
+        }
+    }
+}
+
+/// A copy being written: its temporary file, header written ([`Store::begin`]).
+pub struct CopyWriter {
+    file: File,
+    tmp: PathBuf,
+    path: PathBuf,
+    len: usize,
+}
+
+impl CopyWriter {
+    /// Writes the data (`len` bytes, as begun), syncs the file, drops its pages from the page
+    /// cache (the next start maps it read back in huge folios) and renames it over the copy's
+    /// name, so no reader sees half a file. On failure (a full disk) the temporary file is
+    /// removed and the error returned; the run goes on with its packed copy.
+    pub fn finish(self, data: &[u8]) -> Result<(), String> {
+        assert_eq!(data.len(), self.len, "the length the copy was begun with");
+        let written = (|| {
+            self.file.write_all_at(data, DATA_START as u64)?;
+            self.file.sync_all()?;
+            drop_page_cache(&self.file);
+            std::fs::rename(&self.tmp, &self.path)
+        })();
+        written.map_err(|e| {
+            let _ = std::fs::remove_file(&self.tmp);
+            format!("{}: {e}", self.path.display())
         })
     }
 }

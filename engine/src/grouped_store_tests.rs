@@ -42,8 +42,8 @@ fn folder(name: &str) -> PathBuf {
     dir
 }
 
-/// Opens `source` through the store in `dir`: (mapped from the cache, notes); checks every
-/// grouped tensor holds the packed bytes of `source`'s.
+/// Opens `source` through the store in `dir`: (mapped from the cache, notes, including the
+/// background write's); checks every grouped tensor holds the packed bytes of `source`'s.
 fn open(spec: &ModelSpec, source: &Arc<FromFiles>, dir: &Path) -> (bool, Vec<String>) {
     let w = GroupedWeights::wrap(spec, source.clone(), 2, Some(dir)).expect("wrapped");
     for (id, t) in spec.weight_ids() {
@@ -54,7 +54,10 @@ fn open(spec: &ModelSpec, source: &Arc<FromFiles>, dir: &Path) -> (bool, Vec<Str
         let got = crate::grouped::tests::own_groups(w.weights.weight_ptr(id).expect("a pointer"), t);
         assert_eq!(got, want, "{}", t.name);
     }
-    (w.from_cache, w.notes)
+    // The copy is written in the background: wait for it, as the engine does when dropped.
+    let mut notes = w.notes;
+    notes.extend(w.writing.and_then(|pending| pending.wait()));
+    (w.from_cache, notes)
 }
 
 fn stored_files(dir: &Path) -> Vec<PathBuf> {
@@ -225,4 +228,23 @@ fn foreign_files_and_older_formats_are_stale_newer_formats_are_not() {
     stale.sort();
     assert_eq!(stale, ["garbage.grp", "old.grp"]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A write that fails after it began (here its folder vanished: the rename fails; a full disk
+/// fails the same way) reports the copy's path and leaves no temporary file behind.
+#[test]
+fn a_write_that_fails_after_it_began_reports_and_leaves_nothing() {
+    let spec = grouped_spec();
+    let dir = folder("vanished");
+    let layout = Layout::of(&spec);
+    let src = source(&spec, 0, "1");
+    let store = Store::locate(&dir, &spec, &layout, src.as_ref()).expect("an origin");
+    let writer = store.begin(layout.len).expect("begun").expect("a writable folder");
+    assert_eq!(stored_files(&dir).len(), 1, "the temporary file");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = writer
+        .finish(&vec![0u8; layout.len])
+        .expect_err("no folder to rename into");
+    assert!(err.contains(".grp"), "{err}");
+    assert!(!dir.exists());
 }
