@@ -63,12 +63,7 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 256)]
         max_tokens: usize,
         #[command(flatten)]
-        sampling: SamplingArgs,
-        #[command(flatten)]
-        build: BuildArgs,
-        /// KV-cache capacity in tokens (default: the model's limit, at most 4096).
-        #[arg(long)]
-        ctx: Option<usize>,
+        generate: GenerateArgs,
         /// Print special tokens in the output.
         #[arg(long)]
         show_special: bool,
@@ -102,12 +97,7 @@ pub(crate) enum Command {
         #[arg(long)]
         max_tokens: Option<usize>,
         #[command(flatten)]
-        sampling: SamplingArgs,
-        #[command(flatten)]
-        build: BuildArgs,
-        /// KV-cache capacity in tokens (default: the model's limit, at most 4096).
-        #[arg(long)]
-        ctx: Option<usize>,
+        generate: GenerateArgs,
         /// One JSON object per event on stdout (ready, start, turn, reset, context_full, ...)
         /// instead of streamed text: a transcript for scripts.
         #[arg(long)]
@@ -341,6 +331,18 @@ pub(crate) fn parse_float_dtype(s: &str) -> Result<DType, String> {
         "f32" => Ok(DType::F32),
         _ => Err(format!("expected bf16 or f32, not {s:?}")),
     }
+}
+
+/// What every command that generates text takes: sampling, the build, and the context.
+#[derive(Args, Clone)]
+pub(crate) struct GenerateArgs {
+    #[command(flatten)]
+    pub(crate) sampling: SamplingArgs,
+    #[command(flatten)]
+    pub(crate) build: BuildArgs,
+    /// KV-cache capacity in tokens (default: the model's limit, at most 4096).
+    #[arg(long)]
+    pub(crate) ctx: Option<usize>,
 }
 
 #[derive(Args, Clone)]
