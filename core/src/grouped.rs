@@ -497,6 +497,30 @@ mod tests {
         }
     }
 
+    /// Two matrices packed as a pair: every element of each lies at its `offset` with pitch 2
+    /// from the matrix's first group (the second's one group into the pair), so the kernels'
+    /// pitch-2 addresses read each matrix's own elements.
+    #[test]
+    fn a_pair_places_each_matrix_at_its_pitch_2_offsets() {
+        let (rows, k) = (3 * GROUP_ROWS, 24);
+        let matrix = |base: usize| -> Vec<u16> { (0..rows * k).map(|i| (base + i) as u16).collect() };
+        let (gate, up) = (matrix(0), matrix(rows * k));
+        let bytes = |m: &[u16]| -> Vec<u8> { m.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        for order in ORDERS {
+            let mut dst = vec![0u8; 2 * rows * k * 2];
+            pack(order, &[&bytes(&gate), &bytes(&up)], &mut dst, k);
+            let got: Vec<u16> = dst.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+            for (m, first) in [(&gate, 0), (&up, GROUP_ROWS * k)] {
+                for r in 0..rows {
+                    for c in 0..k {
+                        let at = first + offset(order, r, c, k, 2);
+                        assert_eq!(got[at], m[r * k + c], "{order:?}: row {r} element {c}");
+                    }
+                }
+            }
+        }
+    }
+
     /// What the kernels load: an octet's pieces of `O` rows from a multiple of `O` (2 or 4)
     /// lie side by side, and in each order one load of them is the quad-order operand (words
     /// `(k + p, k + 4 + p)` per row for the shift and the mask; the octet as stored for the

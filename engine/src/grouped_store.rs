@@ -9,8 +9,9 @@
 //!
 //! A file is `DATA_START` bytes of header (magic, format version, the digest of what it
 //! holds, data length, the weight files' paths and state it was made from; the rest a hole),
-//! then the grouped tensors at the offsets [`Layout`] gives. Its name comes from the weight files' paths and the layout, so a changed
-//! model file replaces its copy rather than adding one; the digest adds the files' sizes,
+//! then the grouped tensors at the offsets [`Layout`] gives. Its name comes from the weight
+//! files' paths and the layout, so a changed model file replaces its copy rather than adding
+//! one; the digest adds the files' sizes,
 //! modification times, devices and inodes ([`WeightSource::origin`]), and a copy whose header
 //! or length disagrees is rebuilt. (The weights' bytes are not read for it: a tensor the
 //! source reorders on first access would be copied whole just to be sampled.) Copies are
@@ -139,14 +140,6 @@ impl Store {
         let copy = MappedCopy::map(&file, DATA_START + len)?;
         copy.page_in(threads);
         Some(copy)
-    }
-
-    /// Writes `data` as this store's copy ([`Store::begin`], then [`CopyWriter::finish`]).
-    pub fn save(&self, data: &[u8]) -> Result<(), String> {
-        match self.begin(data.len())? {
-            Some(writer) => writer.finish(data),
-            None => Ok(()),
-        }
     }
 
     /// Starts this store's copy of `len` data bytes: makes the folder, removes abandoned
