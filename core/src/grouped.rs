@@ -171,14 +171,13 @@ fn place(order: PieceOrder, piece: &[u8], out: &mut [u8]) {
 impl ModelSpec {
     /// Marks every tensor that kernels with `f32_lanes`-wide vectors can read in row groups
     /// ([`ModelSpec::groupable`]) with the [`PieceOrder`] kernels compiled at `precision`
-    /// read; returns how many. None is marked unless what stays in memory fits in three
-    /// quarters of `memory` bytes (0: unknown), where the page cache would not have to evict
-    /// weights to hold it: where the loaders page every weight file in ahead of use
-    /// ([`crate::pages::paged_in_ahead`]), the weights and the copies; on a larger model, whose
-    /// files are read only where the kernels read them, the weights (a grouped tensor's source
-    /// is read once to pack it, then never again, and its copy takes its place). The caller
-    /// decides whether the weights stay in memory at all (`--ram-budget` streams them as
-    /// stored, so it groups none).
+    /// read; returns how many. None is marked unless what stays in memory, the weights, fits
+    /// in three quarters of `memory` bytes (0: unknown), where the page cache would not have
+    /// to evict weights to hold it: a grouped tensor's copy takes its source's place, since
+    /// the source is read only to pack it (on a first start) and the engine then drops its
+    /// pages from the process (`WeightSource::release`; before that, a model the loaders
+    /// page in ahead held both, ~2x its size). The caller decides whether the weights stay in
+    /// memory at all (`--ram-budget` streams them as stored, so it groups none).
     pub fn group_rows(&mut self, f32_lanes: usize, precision: Precision, memory: u64) -> usize {
         let ids: Vec<WeightId> = self
             .weight_ids()
@@ -186,13 +185,7 @@ impl ModelSpec {
             .filter(|&id| self.groupable(id, f32_lanes))
             .collect();
         let weights = self.weights.iter().map(|t| t.bytes() as u64).sum::<u64>();
-        let copies = ids.iter().map(|&id| self.weight(id).bytes() as u64).sum::<u64>();
-        let resident = if crate::pages::paged_in_ahead(weights, memory) {
-            weights + copies
-        } else {
-            weights
-        };
-        if memory > 0 && resident > memory / 4 * 3 {
+        if memory > 0 && weights > memory / 4 * 3 {
             return 0;
         }
         for &id in &ids {
@@ -446,15 +439,11 @@ mod tests {
         assert!(orders(&bf16).iter().all(|&o| o == PieceOrder::Pairs));
         // Two layers of the 0.5B shape and its token table hold ~0.33 GB, their gate, up and
         // down projections and the table ~0.32 GB.
-        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 1 << 30), 7);
-        assert_eq!(
-            groups(DType::BF16, 4864, 16, Precision::Exact, 768 << 20),
-            0,
-            "no room for the copies beside weights paged in ahead"
-        );
-        // Weights of more than half the memory are read only where the kernels read them: the
-        // copies replace their sources, so the weights alone must fit.
-        assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 512 << 20), 7);
+        // The copies replace their sources in memory (paged in ahead or not), so the weights
+        // alone must fit in three quarters of it.
+        for memory in [1 << 30, 768 << 20, 512 << 20] {
+            assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, memory), 7, "{memory}");
+        }
         assert_eq!(groups(DType::BF16, 4864, 16, Precision::Exact, 400 << 20), 0);
     }
 

@@ -154,6 +154,10 @@ impl GroupedWeights {
                 Backing::Packed(buf)
             }
         };
+        // The kernels read these tensors from the copy from now on: their pages in the
+        // source's file mappings would only double the model's memory.
+        let ids: Vec<WeightId> = layout.tensors.iter().map(|&(id, ..)| id).collect();
+        source.release(&ids);
         let weights = Arc::new(GroupedWeights {
             inner: source,
             backing,
@@ -319,12 +323,18 @@ pub(crate) mod tests {
     use kiln_core::grouped::pack;
     use kiln_core::spec::Role;
 
-    /// Weights in memory, read through pointers or ranges.
-    pub(crate) struct InMemory(pub(crate) Vec<Vec<u8>>);
+    /// Weights in memory, read through pointers or ranges; records what it is asked to
+    /// release.
+    pub(crate) struct InMemory(pub(crate) Vec<Vec<u8>>, std::sync::Mutex<Vec<WeightId>>);
 
     impl WeightSource for InMemory {
         fn weight_ptr(&self, id: WeightId) -> Result<*const u8, String> {
             Ok(self.0[id.0 as usize].as_ptr())
+        }
+
+        fn release(&self, ids: &[WeightId]) -> usize {
+            self.1.lock().unwrap().extend_from_slice(ids);
+            0
         }
     }
 
@@ -368,8 +378,9 @@ pub(crate) mod tests {
     }
 
     /// Grouped tensors come back packed (by pointer and by range), every other one as the
-    /// source holds it; a spec that groups nothing gets the source itself. Gate and up are
-    /// paired, their groups alternating.
+    /// source holds it, and the source is told to release exactly the grouped ones; a spec
+    /// that groups nothing gets the source itself. Gate and up are paired, their groups
+    /// alternating.
     #[test]
     fn grouped_tensors_are_packed_and_the_rest_passed_through() {
         let spec = grouped_spec();
@@ -379,10 +390,19 @@ pub(crate) mod tests {
             .enumerate()
             .map(|(w, t)| (0..t.bytes()).map(|i| (i * 13 + w * 7) as u8).collect())
             .collect();
-        let source = Arc::new(InMemory(bytes.clone()));
+        let source = Arc::new(InMemory(bytes.clone(), Default::default()));
         let wrapped = GroupedWeights::wrap(&spec, source.clone(), 3, None)
             .expect("packed")
             .weights;
+        let mut released = source.1.lock().unwrap().clone();
+        released.sort();
+        let grouped: Vec<WeightId> = spec
+            .weight_ids()
+            .filter(|(_, t)| t.row_groups.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        assert!(!grouped.is_empty());
+        assert_eq!(released, grouped);
         for (id, t) in spec.weight_ids() {
             let original = &bytes[id.0 as usize];
             let mut want = original.clone();

@@ -41,4 +41,14 @@ pub trait WeightSource: Send + Sync {
     fn origin(&self) -> Option<(String, String)> {
         None
     }
+
+    /// The engine will not read weights `ids` through this source again (their row-grouped
+    /// copies took their place): a source that reads them in place from file mappings drops
+    /// their pages from the process (`kiln_core::pages::release`; the page cache keeps the
+    /// data), so a model's memory is its copies plus the rest, not both. Returns the bytes
+    /// released. The default, for weights in the source's own memory, releases nothing.
+    fn release(&self, ids: &[WeightId]) -> usize {
+        let _ = ids;
+        0
+    }
 }

@@ -389,6 +389,28 @@ impl WeightSource for SafetensorsWeights {
     fn origin(&self) -> Option<(String, String)> {
         kiln_engine::origin::of_files((0..).map_while(|i| self.weights.file_at(i)).map(|(f, p)| (p, f)))
     }
+
+    /// Drops the mapped pages of those of `ids` read in place from a file's map (not the
+    /// transposed, reordered or realigned copies, which are this source's own memory).
+    fn release(&self, ids: &[WeightId]) -> usize {
+        let maps: Vec<(usize, usize)> = self
+            .weights
+            .mapped()
+            .map(|m| (m.bytes.as_ptr() as usize, m.bytes.len()))
+            .collect();
+        let in_map =
+            |&(at, len): &(usize, usize)| maps.iter().any(|&(base, size)| at >= base && at + len <= base + size);
+        let ranges = ids
+            .iter()
+            .filter_map(|&id| self.slot(id).ok())
+            .filter(|s| s.copy.is_none())
+            .map(|s| (s.ptr, s.len))
+            .filter(in_map)
+            .collect();
+        // SAFETY: each range lies inside one of the weight files' read-only shared mappings
+        // (checked above), which live as long as `self`.
+        unsafe { kiln_core::pages::release(ranges) }
+    }
 }
 
 /// `dst.len()` bytes at `offset` of `buf`, a copy of the tensor `stored` describes.
@@ -454,6 +476,9 @@ impl WeightSource for Dequantized {
 
 #[cfg(test)]
 mod tests_head_parts;
+
+#[cfg(test)]
+mod tests_release;
 
 #[cfg(test)]
 mod tests {

@@ -384,6 +384,20 @@ impl kiln_engine::engine::WeightSource for GgufWeights {
         kiln_engine::origin::of_files(self.paths.iter().map(|p| p.as_path()).zip(&self.files))
     }
 
+    /// Drops the mapped pages of those of `ids` read in place from the maps (not the
+    /// reordered or realigned copies, which are this source's own memory).
+    fn release(&self, ids: &[WeightId]) -> usize {
+        let ranges = ids
+            .iter()
+            .filter_map(|&id| self.entry(id).ok())
+            .filter(|e| matches!(e.kind, Kind::Mapped))
+            .map(|e| (self.maps[e.part].as_ptr() as usize + e.start, e.end - e.start))
+            .collect();
+        // SAFETY: each range is a tensor's bytes inside one of `self.maps`, read-only shared
+        // file mappings that live as long as `self`.
+        unsafe { kiln_core::pages::release(ranges) }
+    }
+
     /// Reads with `pread` from the part's file (reordering rows as it goes), never through the
     /// map and without making the lazy copy; from the copy if it already exists.
     fn read_range(&self, id: WeightId, offset: usize, dst: &mut [u8]) -> Result<(), String> {
