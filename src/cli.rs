@@ -248,8 +248,10 @@ pub(crate) enum Command {
 
 #[derive(Subcommand)]
 pub(crate) enum CacheAction {
-    /// List compiled libraries.
+    /// List compiled libraries and row-grouped weight copies (and which copies are stale).
     List {
+        /// One JSON array: each library (`"kind": "library"`), then each copy
+        /// (`"kind": "grouped_copy"`, with `path`, `bytes`, `stale`).
         #[arg(long)]
         json: bool,
     },

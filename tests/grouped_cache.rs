@@ -151,6 +151,21 @@ fn the_grouped_copy_is_kept_mapped_rebuilt_and_cleaned() {
     let listed = String::from_utf8_lossy(&o.stdout);
     assert!(listed.contains("in 2 row-grouped weight copies"), "{listed}");
     assert!(listed.contains("1 of them"), "{listed}");
+    // The JSON list holds the libraries and both copies, the deleted model's marked stale.
+    let o = kiln(cache.path(), &["cache", "list", "--json"]);
+    let items: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let of_kind = |k: &str| items.iter().filter(|i| i["kind"] == k).collect::<Vec<_>>();
+    assert!(!of_kind("library").is_empty(), "{items:?}");
+    let listed_copies = of_kind("grouped_copy");
+    assert_eq!(listed_copies.len(), 2, "{items:?}");
+    assert!(listed_copies.iter().all(|c| c["bytes"].as_u64() > Some(0)), "{items:?}");
+    let stale: Vec<_> = listed_copies.iter().filter(|c| c["stale"] == true).collect();
+    assert_eq!(stale.len(), 1, "{items:?}");
+    assert_ne!(
+        stale[0]["path"],
+        kept[0].display().to_string(),
+        "the live copy is not stale"
+    );
     let o = kiln(cache.path(), &["cache", "clean", "--stale", "--all"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("one of a KEY, --stale or --all"));

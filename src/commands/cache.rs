@@ -7,43 +7,56 @@ use anyhow::{Context as _, Result};
 use kiln_cache::Cache;
 use serde_json::json;
 
+/// `kiln cache list [--json]`. The JSON form is one array: each compiled library
+/// (`"kind": "library"`), then each row-grouped weight copy (`"kind": "grouped_copy"`, its path,
+/// size and whether it is stale), so a script summing `bytes` counts all the cache holds.
 pub fn cache_list(as_json: bool) -> Result<()> {
     let cache = Cache::at(Cache::default_root()?);
     let entries = cache.list()?;
+    let grouped = cache.root().join(kiln_cache::GROUPED_COPIES);
+    let copies: Vec<(std::path::PathBuf, u64)> = std::fs::read_dir(&grouped)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|f| Some((f.path(), f.metadata().ok()?.len())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let stale = kiln_engine::grouped_store::stale_copies(&grouped);
     if as_json {
-        let items: Vec<_> = entries
-            .iter()
-            .map(|e| {
-                json!({
-                    "key": e.key.to_string(),
-                    "dir": e.dir.display().to_string(),
-                    "bytes": e.bytes_on_disk,
-                    "valid": e.is_valid(),
-                    "problem": e.problem,
-                    "model": e.info().and_then(|i| i.get("model")).cloned(),
-                })
+        let libraries = entries.iter().map(|e| {
+            json!({
+                "kind": "library",
+                "key": e.key.to_string(),
+                "dir": e.dir.display().to_string(),
+                "bytes": e.bytes_on_disk,
+                "valid": e.is_valid(),
+                "problem": e.problem,
+                "model": e.info().and_then(|i| i.get("model")).cloned(),
             })
-            .collect();
-        outln!("{}", serde_json::Value::Array(items))?;
+        });
+        let copies = copies.iter().map(|(path, bytes)| {
+            json!({
+                "kind": "grouped_copy",
+                "path": path.display().to_string(),
+                "bytes": bytes,
+                "stale": stale.iter().any(|(p, _)| p == path),
+            })
+        });
+        outln!("{}", serde_json::Value::Array(libraries.chain(copies).collect()))?;
         return Ok(());
     }
-    let grouped = cache.root().join(kiln_cache::GROUPED_COPIES);
-    let copies: Vec<u64> = std::fs::read_dir(&grouped)
-        .map(|d| d.flatten().filter_map(|f| f.metadata().ok()).map(|m| m.len()).collect())
-        .unwrap_or_default();
     if entries.is_empty() && copies.is_empty() {
         outln!("cache {} is empty", cache.root().display())?;
         return Ok(());
     }
     outln!("cache {}", cache.root().display())?;
     if !copies.is_empty() {
-        let bytes = human_bytes(copies.iter().sum());
+        let bytes = human_bytes(copies.iter().map(|c| c.1).sum());
         outln!(
             "{bytes} in {} row-grouped weight copies ({})",
             copies.len(),
             grouped.display()
         )?;
-        let stale = kiln_engine::grouped_store::stale_copies(&grouped);
         if !stale.is_empty() {
             outln!(
                 "{} of them ({}) stale: their model files are gone or changed (`kiln cache clean --stale`)",
