@@ -512,11 +512,3 @@ fn build_plan(
     let stream = streaming.and_then(|s| s.streamer.clone());
     Plan::build(graph, library, resolve, profile, stream).map_err(EngineError::Plan)
 }
-
-impl Drop for Engine {
-    /// Waits for the row-grouped copy being written, so a process that ends normally keeps it
-    /// (a killed one leaves a temporary file, removed by a later write).
-    fn drop(&mut self) {
-        self.finish_writes();
-    }
-}

@@ -168,7 +168,7 @@ impl GroupedWeights {
         // token. The thread keeps the weights (and so the packed buffer) alive until done.
         let writing = writer.map(|w| {
             let keep = Arc::clone(&weights);
-            PendingWrite(std::thread::spawn(move || w.finish(keep.packed(layout.len))))
+            PendingWrite::spawn(move || w.finish(keep.packed(layout.len)))
         });
         Ok(Wrapped {
             from_cache: matches!(weights.backing, Backing::Stored(_)),
@@ -197,15 +197,30 @@ fn not_kept(error: &str) -> String {
 }
 
 /// The grouped copy being written to the cache on a thread of its own.
-pub struct PendingWrite(std::thread::JoinHandle<Result<(), String>>);
+pub struct PendingWrite(Option<std::thread::JoinHandle<Result<(), String>>>);
 
 impl PendingWrite {
+    fn spawn(write: impl FnOnce() -> Result<(), String> + Send + 'static) -> PendingWrite {
+        PendingWrite(Some(std::thread::spawn(write)))
+    }
+
     /// Waits for the write to end; the note to tell the user when the copy was not kept.
-    pub fn wait(self) -> Option<String> {
-        match self.0.join() {
+    pub fn wait(mut self) -> Option<String> {
+        match self.0.take()?.join() {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(not_kept(&e)),
             Err(_) => Some(not_kept("the writing thread panicked")),
+        }
+    }
+}
+
+impl Drop for PendingWrite {
+    /// Waits for the write nobody waited for: an engine that failed after its copy began (a
+    /// plan it could not build) drops it, and a detached thread would die with the process
+    /// mid-write, leaving a temporary file instead of the copy.
+    fn drop(&mut self) {
+        if let Some(write) = self.0.take() {
+            let _ = write.join();
         }
     }
 }
@@ -375,6 +390,21 @@ pub(crate) mod tests {
                 unsafe { std::slice::from_raw_parts(ptr.add(g * group * t.group_pitch()), group) }.to_vec()
             })
             .collect()
+    }
+
+    /// Invariant: a pending write dropped without `wait` (an engine that failed after its
+    /// copy began) still ends before the drop returns, so the process cannot end mid-write.
+    #[test]
+    fn dropping_a_pending_write_waits_for_it() {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&done);
+        let write = PendingWrite::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        drop(write);
+        assert!(done.load(Ordering::SeqCst), "the write was left running");
     }
 
     /// Grouped tensors come back packed (by pointer and by range), every other one as the
