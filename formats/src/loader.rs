@@ -478,7 +478,7 @@ impl WeightSource for Dequantized {
 mod tests_head_parts;
 
 #[cfg(test)]
-mod tests_release;
+pub(crate) mod tests_release;
 
 #[cfg(test)]
 mod tests {

@@ -52,6 +52,8 @@ mod tests_head_parts;
 mod tests_phi3;
 #[cfg(test)]
 mod tests_read_range;
+#[cfg(test)]
+mod tests_release;
 
 pub use error::GgufError;
 pub use parse::{GgufHeader, TensorInfo, Value};

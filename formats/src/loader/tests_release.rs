@@ -26,7 +26,7 @@ fn tensors() -> [(&'static str, Layout); 2] {
 }
 
 /// This process's resident bytes of the mapping holding `addr` (`Rss` in `/proc/self/smaps`).
-fn mapping_rss(addr: usize) -> usize {
+pub(crate) fn mapping_rss(addr: usize) -> usize {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     for line in smaps.lines() {
