@@ -157,6 +157,10 @@ pub struct Engine {
     notes: Vec<String>,
     /// The row-grouped copy being kept in the cache while the model runs.
     writing: Option<crate::grouped::PendingWrite>,
+    /// The grouped tensors' source pages, dropped at the second forward call (the first
+    /// token is out by then), and whether a forward call has run.
+    release: Option<crate::grouped::SourceRelease>,
+    forwarded: bool,
 }
 
 impl Engine {
@@ -198,7 +202,7 @@ impl Engine {
         }
         let wrapped = crate::grouped::GroupedWeights::wrap(spec, weights, threads, config.grouped_store.as_deref())
             .map_err(EngineError::Plan)?;
-        let (weights, writing) = (wrapped.weights, wrapped.writing);
+        let (weights, writing, release) = (wrapped.weights, wrapped.writing, wrapped.release);
         let streaming = match config.ram_budget {
             Some(b) => {
                 let plan = budget::plan(&budget::Footprint::of(spec, block_rows, ctx, config.slots), b)?;
@@ -255,6 +259,8 @@ impl Engine {
             library,
             notes: wrapped.notes,
             writing,
+            release,
+            forwarded: false,
         })
     }
 

@@ -160,6 +160,15 @@ impl super::Engine {
         if let Some(s) = self.streaming.as_ref().and_then(|s| s.streamer.as_ref()) {
             s.set_head_follows(head_follows);
         }
+        // The second forward call comes after the first token is out: the grouped tensors'
+        // source pages are dropped then, not on the way to it.
+        match self.release.take() {
+            Some(release) if self.forwarded => {
+                release.run();
+            }
+            pending => self.release = pending,
+        }
+        self.forwarded = true;
         self.gather_rows(tokens)?;
         let rows = tokens.len();
         let plan = if decode {
