@@ -287,6 +287,13 @@ impl PreparedModel {
                     .as_ref()
                     .map(|root| TableCache::in_folder(root.join(kiln_cache::TOKENIZER_TABLES))),
                 page_cache_marks: cache_root.as_ref().map(|root| root.join(kiln_cache::PAGE_CACHE_MARKS)),
+                // The row-grouped tensors are read from their copy: not paged in. A bad
+                // --target-cpu is reported below, where the compile options are made.
+                grouping_lanes: opts
+                    .ram_budget
+                    .is_none()
+                    .then(|| opts.f32_lanes(&HostCpu::detect()).ok())
+                    .flatten(),
             },
         )?;
         if opts.progress {

@@ -40,10 +40,11 @@ pub fn page_in(bytes: &[u8]) {
 /// stays (small tensors beside the released ones) into 4 KiB entries.
 const RELEASE_ALIGN: usize = 2 << 20;
 
-/// The parts of `ranges` (start address, length) that [`release`] drops: touching or
-/// overlapping ranges merged into runs, each run's interior aligned to [`RELEASE_ALIGN`] (so
-/// no page holding bytes outside the ranges is touched), empty ones left out.
-pub fn release_spans(mut ranges: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+/// The whole aligned spans inside `ranges` (start address, length): touching or overlapping
+/// ranges merged into runs, each run's interior aligned to [`RELEASE_ALIGN`] (so no page
+/// holding bytes outside the ranges is included), empty ones left out. What [`release`] drops,
+/// and what the loaders leave out of paging in ahead (the bytes of tensors read from a copy).
+pub fn aligned_spans(mut ranges: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
     ranges.retain(|&(_, len)| len > 0);
     ranges.sort_unstable();
     let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -66,16 +67,16 @@ pub fn release_spans(mut ranges: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
 /// read through again (the sources of row-grouped copies): `MADV_DONTNEED` unmaps them, so
 /// they stop counting in the process's memory; the page cache keeps the data, and a later read
 /// maps it back from there or from the file. Only whole aligned spans inside the merged ranges
-/// are dropped ([`release_spans`]). Returns the bytes released. Best effort.
+/// are dropped ([`aligned_spans`]). Returns the bytes released. Best effort.
 ///
 /// # Safety
 /// Every range must lie inside a shared or read-only file mapping that stays mapped for the
 /// call: on a private anonymous mapping `MADV_DONTNEED` would discard the data itself.
 pub unsafe fn release(ranges: Vec<(usize, usize)>) -> usize {
     let mut released = 0;
-    for (start, len) in release_spans(ranges) {
+    for (start, len) in aligned_spans(ranges) {
         // SAFETY: the caller guarantees file-mapped ranges (their pages are read back from
-        // the file if touched again); the span lies inside them (`release_spans`).
+        // the file if touched again); the span lies inside them (`aligned_spans`).
         if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } == 0 {
             released += len;
         }
@@ -92,7 +93,7 @@ fn page_size() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{RELEASE_ALIGN, release_spans};
+    use super::{RELEASE_ALIGN, aligned_spans};
 
     const M: usize = RELEASE_ALIGN;
 
@@ -100,7 +101,7 @@ mod tests {
     /// as one run), on whole aligned pages; a run shorter than one aligned page releases
     /// nothing.
     #[test]
-    fn release_spans_merge_touching_ranges_and_keep_to_their_aligned_interior() {
+    fn aligned_spans_merge_touching_ranges_and_keep_to_their_aligned_interior() {
         // Two touching tensors from 1.5 to 6.75 aligned pages, one more from 9, one tiny one.
         let ranges = vec![
             (9 * M, 3 * M + 1),
@@ -108,8 +109,8 @@ mod tests {
             (M + M / 2 + 2 * M, 3 * M + M / 4),
             (20 * M + 5, 100),
         ];
-        assert_eq!(release_spans(ranges), vec![(2 * M, 4 * M), (9 * M, 3 * M)]);
-        assert_eq!(release_spans(vec![(M / 2, M)]), vec![]);
-        assert_eq!(release_spans(vec![(3 * M, M), (3 * M, 2 * M)]), vec![(3 * M, 2 * M)]);
+        assert_eq!(aligned_spans(ranges), vec![(2 * M, 4 * M), (9 * M, 3 * M)]);
+        assert_eq!(aligned_spans(vec![(M / 2, M)]), vec![]);
+        assert_eq!(aligned_spans(vec![(3 * M, M), (3 * M, 2 * M)]), vec![(3 * M, 2 * M)]);
     }
 }

@@ -24,8 +24,13 @@ impl HostCpu {
     /// Reads `/proc/cpuinfo` (first processor); on platforms without it only the architecture
     /// is known.
     pub fn detect() -> HostCpu {
-        let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        Self::from_cpuinfo(std::env::consts::ARCH, &text)
+        // Read once per process: a start asks several times (options, cache key, engine).
+        static HOST: std::sync::OnceLock<HostCpu> = std::sync::OnceLock::new();
+        HOST.get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            Self::from_cpuinfo(std::env::consts::ARCH, &text)
+        })
+        .clone()
     }
 
     /// Parses the first processor block of a `/proc/cpuinfo` text.

@@ -4,7 +4,7 @@
 
 use crate::gguf::{self, GgufError, GgufWeights};
 use crate::model::{self, ModelError, Weights};
-use crate::page_in::Pager;
+use crate::page_in::{PageIn, Pager};
 use crate::pread::{self, Stored};
 use crate::reorder::Reordered;
 use kiln_core::files::{self, FileKind};
@@ -69,9 +69,21 @@ pub struct LoadOptions {
     /// Where marks of weight files read back once for huge pages are kept
     /// ([`Pager::settle`]); `None` never reads a file back.
     pub page_cache_marks: Option<std::path::PathBuf>,
+    /// The f32 lanes of the code that will run the model, whose row-grouped tensors are then
+    /// not paged in ([`PageIn::grouping_lanes`]); `None` pages every weight in.
+    pub grouping_lanes: Option<usize>,
     /// Where built tokenizer tables are kept between runs (see `TableCache`); `None` builds
     /// them every time.
     pub tokenizer_cache: Option<TableCache>,
+}
+
+impl LoadOptions {
+    fn paging(&self) -> PageIn<'_> {
+        PageIn {
+            marks: self.page_cache_marks.as_deref(),
+            grouping_lanes: self.grouping_lanes,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +132,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
 fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
-    let pager = Pager::new(loaded.weights.mapped().filter(|_| opts.page_in));
+    let copied = opts.paging().copied(&loaded.spec, |name| {
+        let t = loaded.weights.lookup(name).ok()?;
+        Some((t.data.as_ptr() as usize, t.data.len()))
+    });
+    let pager = Pager::new(loaded.weights.mapped().filter(|_| opts.page_in), copied);
     let tokenizer = std::thread::scope(|s| {
         if opts.page_in {
             s.spawn(|| pager.work());
@@ -150,11 +166,7 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
 }
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
-    let g = gguf::load_with(
-        path,
-        opts.page_in.then_some(opts.page_cache_marks.as_deref()),
-        opts.tokenizer_cache.as_ref(),
-    )?;
+    let g = gguf::load_with(path, opts.page_in.then(|| opts.paging()), opts.tokenizer_cache.as_ref())?;
     let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;
@@ -601,6 +613,7 @@ mod tests {
             page_in: false,
             page_cache_marks: None,
             tokenizer_cache: None,
+            grouping_lanes: None,
         };
         let m = load(&path, &opts).unwrap();
         assert!(!m.converted.is_empty());

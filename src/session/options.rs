@@ -186,6 +186,19 @@ impl OpenOptions {
 
     /// The compile options these options ask for on `host` for `spec` (a budget that streams
     /// the output head adds its chunk kernels).
+    /// The f32 lanes of the code these options compile on `host`: the host's, narrowed by
+    /// the lane limit and `--target-cpu`.
+    pub fn f32_lanes(&self, host: &HostCpu) -> Result<usize> {
+        let mut lanes = CompileOptions::for_host(host).f32_lanes;
+        if let Some(limit) = self.max_f32_lanes {
+            lanes = lanes.min(limit.clamp(4, 16).next_power_of_two());
+        }
+        if let Some(cpu) = &self.target_cpu {
+            lanes = lanes.min(host.x86_level(cpu).map_err(|e| anyhow!("--target-cpu: {e}"))?.f32_lanes);
+        }
+        Ok(lanes)
+    }
+
     pub fn compile_options(&self, host: &HostCpu, spec: &ModelSpec) -> Result<CompileOptions> {
         let mut options = compile_options(host, self.prefill_rows);
         if self
@@ -194,12 +207,9 @@ impl OpenOptions {
         {
             options.head_chunk_rows = kiln_core::budget::head_chunk_rows(spec);
         }
-        if let Some(lanes) = self.max_f32_lanes {
-            options.f32_lanes = options.f32_lanes.min(lanes.clamp(4, 16).next_power_of_two());
-        }
+        options.f32_lanes = self.f32_lanes(host)?;
         if let Some(cpu) = &self.target_cpu {
             let level = host.x86_level(cpu).map_err(|e| anyhow!("--target-cpu: {e}"))?;
-            options.f32_lanes = options.f32_lanes.min(level.f32_lanes);
             options.target_cpu = Some(level.name.to_string());
         }
         if self.precision == Precision::Bf16 {

@@ -60,7 +60,7 @@ pub use parse::{GgufHeader, TensorInfo, Value};
 pub use tokenizer::GgufVocab;
 pub use weights::{GgufTensor, GgufWeights};
 
-use crate::page_in::{Mapped, Pager};
+use crate::page_in::{Mapped, PageIn, Pager};
 use kiln_core::ModelSpec;
 use kiln_core::files;
 use kiln_text::tokenizer::{TableCache, Tokenizer};
@@ -140,11 +140,10 @@ pub fn load(path: &Path) -> Result<LoadedGguf, GgufError> {
 }
 
 /// [`load`], with the weights' pages mapped in beside the tokenizer's build when `page_in` is
-/// given (see [`crate::page_in`]; the folder of marks for [`crate::page_in::Pager::settle`],
-/// if any), and the tokenizer's tables kept in `tokenizer_cache`.
+/// given (see [`crate::page_in`]), and the tokenizer's tables kept in `tokenizer_cache`.
 pub fn load_with(
     path: &Path,
-    page_in: Option<Option<&Path>>,
+    page_in: Option<PageIn>,
     tokenizer_cache: Option<&TableCache>,
 ) -> Result<LoadedGguf, GgufError> {
     let files = split::open_model(path)?;
@@ -167,7 +166,12 @@ pub fn load_with(
         .iter()
         .zip(&files.files)
         .map(|(m, file)| Mapped { bytes: m, file });
-    let pager = Pager::new(mapped.filter(|_| page_in.is_some()));
+    let copied = page_in.unwrap_or_default().copied(&spec, |name| {
+        let t = files.header.tensors.iter().find(|t| t.name == name)?;
+        let start = files.maps.get(t.part)?.as_ptr() as usize + t.start as usize;
+        Some((start, t.size as usize))
+    });
+    let pager = Pager::new(mapped.filter(|_| page_in.is_some()), copied);
     let tokenizer = std::thread::scope(|s| {
         if page_in.is_some() {
             s.spawn(|| pager.work());
@@ -176,7 +180,7 @@ pub fn load_with(
         pager.work();
         tokenizer
     })?;
-    let reread = pager.settle(page_in.flatten());
+    let reread = pager.settle(page_in.and_then(|p| p.marks));
     let parts = files.paths.clone();
     let weights = GgufWeights::from_files(files, &spec)?;
     Ok(LoadedGguf {
