@@ -397,11 +397,20 @@ mod tests {
             marks: None,
             grouping_lanes: Some(16),
         };
-        let copied: Vec<usize> = lanes.copied(&spec, |n| index(n).map(|i| (i, 1))).into_iter().map(|r| r.0).collect();
+        let copied: Vec<usize> = lanes
+            .copied(&spec, |n| index(n).map(|i| (i, 1)))
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
         let mut marked = spec.clone();
         marked.group_rows(16, kiln_core::Precision::Exact, 0);
-        let want: Vec<usize> = (0..spec.weights.len()).filter(|&i| marked.weights[i].row_groups.is_some()).collect();
-        assert!(want.iter().any(|&i| spec.weights[i].name.contains("gate_proj")), "{want:?}");
+        let want: Vec<usize> = (0..spec.weights.len())
+            .filter(|&i| marked.weights[i].row_groups.is_some())
+            .collect();
+        assert!(
+            want.iter().any(|&i| spec.weights[i].name.contains("gate_proj")),
+            "{want:?}"
+        );
         assert_eq!(copied, want);
         assert!(PageIn::default().copied(&spec, |n| index(n).map(|i| (i, 1))).is_empty());
     }

@@ -9,7 +9,7 @@ use safetensors::tensor::TensorView as StView;
 
 /// Columns of the test matrices: 24 rows of 64 Ki f32 (6 MiB), so a whole aligned 2 MiB span
 /// lies inside each wherever the file puts it.
-const COLS: usize = 1 << 16;
+pub(crate) const COLS: usize = 1 << 16;
 
 /// `(name, layout)` of each matrix, stored one after the other.
 fn tensors() -> [(&'static str, Layout); 2] {
@@ -25,8 +25,30 @@ fn tensors() -> [(&'static str, Layout); 2] {
     ]
 }
 
+/// The `ROWS x COLS` f32 test matrix `name`, stored with `layout`.
+pub(crate) fn matrix(name: &str, layout: Layout) -> Tensor {
+    Tensor {
+        name: name.to_string(),
+        shape: vec![ROWS, COLS],
+        dtype: DType::F32,
+        layout,
+        role: Role::Matrix,
+        layer: Some(0),
+        row_groups: None,
+        group_pair: None,
+    }
+}
+
+/// The bytes of test matrix `i`: a pattern that differs from one matrix and one page to the
+/// next.
+pub(crate) fn pattern(i: usize) -> Vec<u8> {
+    (0..ROWS * COLS * 4)
+        .map(|b| (b * 7 + 31 * i + b / 4096) as u8)
+        .collect()
+}
+
 /// This process's resident bytes of the mapping holding `addr` (`Rss` in `/proc/self/smaps`).
-pub(crate) fn mapping_rss(addr: usize) -> usize {
+fn mapping_rss(addr: usize) -> usize {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     for line in smaps.lines() {
@@ -49,13 +71,7 @@ pub(crate) fn mapping_rss(addr: usize) -> usize {
 #[test]
 fn released_tensors_leave_the_process_and_keep_their_values() {
     let dir = tempfile::tempdir().unwrap();
-    let data: Vec<Vec<u8>> = (0..2)
-        .map(|i| {
-            (0..ROWS * COLS * 4)
-                .map(|b| (b * 7 + 31 * i + b / 4096) as u8)
-                .collect()
-        })
-        .collect();
+    let data: Vec<Vec<u8>> = (0..2).map(pattern).collect();
     let views: Vec<(&str, StView)> = tensors()
         .iter()
         .zip(&data)
@@ -64,16 +80,7 @@ fn released_tensors_leave_the_process_and_keep_their_values() {
     safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
     let weights: Vec<Tensor> = tensors()
         .into_iter()
-        .map(|(name, layout)| Tensor {
-            name: name.to_string(),
-            shape: vec![ROWS, COLS],
-            dtype: DType::F32,
-            layout,
-            role: Role::Matrix,
-            layer: Some(0),
-            row_groups: None,
-            group_pair: None,
-        })
+        .map(|(name, layout)| matrix(name, layout))
         .collect();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama");
     let spec = ModelSpec {
@@ -81,8 +88,14 @@ fn released_tensors_leave_the_process_and_keep_their_values() {
         ..model::load(&fixture).unwrap().spec
     };
     let w = SafetensorsWeights::bind(Weights::open(dir.path()).unwrap(), &spec).unwrap();
+    check_release(&w, &spec, [data[0].clone(), part_major(&data[1])]);
+}
+
+/// Reads both tensors of `spec` from `w` (a plain one read in place, a reordered one copied),
+/// releases them, and checks that the mapping's resident bytes fell by what `release`
+/// reports (at least 2 MiB, at most the plain tensor) and that both still read `want`.
+pub(crate) fn check_release(w: &dyn WeightSource, spec: &ModelSpec, want: [Vec<u8>; 2]) {
     let ids: Vec<WeightId> = spec.weight_ids().map(|(id, _)| id).collect();
-    let want = [data[0].clone(), part_major(&data[1])];
     let read = |id: WeightId| {
         let ptr = w.weight_ptr(id).unwrap();
         // SAFETY: the pointer is to the tensor's `ROWS * COLS` f32, alive as long as `w`.
