@@ -162,11 +162,10 @@ impl super::Engine {
         }
         // The second forward call comes after the first token is out: the grouped tensors'
         // source pages are dropped then, not on the way to it.
-        match self.release.take() {
-            Some(release) if self.forwarded => {
-                release.run();
-            }
-            pending => self.release = pending,
+        if self.forwarded
+            && let Some(release) = self.release.take()
+        {
+            release.run();
         }
         self.forwarded = true;
         self.gather_rows(tokens)?;
