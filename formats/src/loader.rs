@@ -78,11 +78,12 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    fn paging(&self) -> PageIn<'_> {
-        PageIn {
+    /// How the loaders page the weights in; `None` without `page_in`.
+    fn paging(&self) -> Option<PageIn<'_>> {
+        self.page_in.then_some(PageIn {
             marks: self.page_cache_marks.as_deref(),
             grouping_lanes: self.grouping_lanes,
-        }
+        })
     }
 }
 
@@ -132,7 +133,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
 fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     let loaded = model::load(path)?;
     // The weights' pages are mapped in beside the tokenizer's build (see `page_in`).
-    let copied = opts.paging().copied(&loaded.spec, |name| {
+    let copied = opts.paging().unwrap_or_default().copied(&loaded.spec, |name| {
         let t = loaded.weights.lookup(name).ok()?;
         Some((t.data.as_ptr() as usize, t.data.len()))
     });
@@ -166,7 +167,7 @@ fn load_safetensors(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError>
 }
 
 fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
-    let g = gguf::load_with(path, opts.page_in.then(|| opts.paging()), opts.tokenizer_cache.as_ref())?;
+    let g = gguf::load_with(path, opts.paging(), opts.tokenizer_cache.as_ref())?;
     let architecture = g.spec.arch.clone();
     let eos_token_ids = merge_ids(&g.eos_token_ids, g.tokenizer.eos_token_ids());
     let mut spec = g.spec;

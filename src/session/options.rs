@@ -184,8 +184,6 @@ impl OpenOptions {
         Ok(())
     }
 
-    /// The compile options these options ask for on `host` for `spec` (a budget that streams
-    /// the output head adds its chunk kernels).
     /// The f32 lanes of the code these options compile on `host`: the host's, narrowed by
     /// the lane limit and `--target-cpu`.
     pub fn f32_lanes(&self, host: &HostCpu) -> Result<usize> {
@@ -199,6 +197,8 @@ impl OpenOptions {
         Ok(lanes)
     }
 
+    /// The compile options these options ask for on `host` for `spec` (a budget that streams
+    /// the output head adds its chunk kernels).
     pub fn compile_options(&self, host: &HostCpu, spec: &ModelSpec) -> Result<CompileOptions> {
         let mut options = compile_options(host, self.prefill_rows);
         if self
